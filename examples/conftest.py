@@ -1,0 +1,1 @@
+"""The bundled performance suites run with ``pytest examples --oam-baseline``."""

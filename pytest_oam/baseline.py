@@ -1,0 +1,158 @@
+"""Baseline files: one JSON file per test, read and written through versioned pydantic models.
+
+A file holds one :class:`RunBaseline` per ``oam_profile.run`` call of the test, in order.
+Writes are atomic (temporary file in the same folder, then ``os.replace``) with sorted keys,
+so a baseline diff in a pull request is readable and a killed run leaves the old file intact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
+
+from .fileio import atomic_write_text
+
+SCHEMA_VERSION = 1
+_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class OpStats(BaseModel):
+    """One op type within one step: total time and counters (median / mean over steps)."""
+
+    model_config = _CONFIG
+    time_s: PositiveFloat = Field(description="Total time of this op type per step (median)")
+    count_per_step: PositiveFloat
+    flop: NonNegativeFloat
+    hbm_bytes: NonNegativeFloat
+    dma_count: NonNegativeFloat
+    mac_ratio: NonNegativeFloat = Field(description="Time-weighted mean over the op's records")
+    vec_ratio: NonNegativeFloat
+    mte2_ratio: NonNegativeFloat
+
+
+class RunBaseline(BaseModel):
+    """What one profiled run is compared on. Identity: hardware, devices, simulator version,
+    workload fingerprint."""
+
+    model_config = _CONFIG
+    hardware: str
+    devices: int = Field(ge=1)
+    simulator_version: str
+    workload_fingerprint: str
+    steps: int = Field(ge=1)
+    step_time_s: PositiveFloat
+    tokens_per_step: int | None = Field(default=None, ge=1)
+    ops: dict[str, OpStats]
+
+
+class BaselineFile(BaseModel):
+    """Schema version 1 of a baseline file."""
+
+    model_config = _CONFIG
+    schema_version: Literal[1] = SCHEMA_VERSION
+    nodeid: str
+    runs: list[RunBaseline] = Field(min_length=1)
+
+
+class BaselineError(Exception):
+    """A baseline file that cannot be used; the message names the file and the fault."""
+
+    def __init__(self, path: Path | str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_MAX_STEM = 150
+
+
+def baseline_filename(nodeid: str) -> str:
+    """A portable, unique file name for a test id.
+
+    Unsafe characters become ``_``, the readable part is cut to 150 characters, and a hash
+    of the full id is appended, so ids that differ only in replaced characters or in case
+    still get distinct files (and names stay under 255 bytes).
+    """
+    stem = _UNSAFE.sub("_", nodeid).strip("._") or "test"
+    digest = hashlib.sha256(nodeid.encode("utf-8")).hexdigest()[:12]
+    return f"{stem[:_MAX_STEM]}-{digest}.json"
+
+
+def _non_finite_paths(value: object, path: str = "") -> list[str]:
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{path or '<root>'} is {value}"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite_paths(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _non_finite_paths(v, f"{path}[{i}]")]
+    return []
+
+
+def _format_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def load_baseline(path: Path, nodeid: str | None = None) -> BaselineFile:
+    """Read and validate ``path``.
+
+    Raises:
+        BaselineError: unreadable, truncated, not JSON, another schema version, NaN or
+            Infinity values, fields that fail validation, or a file made for another test.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BaselineError(path, f"cannot be read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise BaselineError(path, "is not UTF-8 text") from None
+    if not text.strip():
+        raise BaselineError(path, "is empty (truncated write?)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        stripped = text.strip()
+        if exc.pos >= len(stripped) or (stripped.startswith("{") and not stripped.endswith("}")):
+            raise BaselineError(path, f"is truncated: JSON ends early (line {exc.lineno})") from None
+        raise BaselineError(path, f"is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise BaselineError(path, "is not a JSON object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BaselineError(
+            path, f"has schema_version {version!r}; this pytest-oam reads version {SCHEMA_VERSION}"
+        )
+    bad = _non_finite_paths(data)
+    if bad:
+        raise BaselineError(path, "holds non-finite values: " + "; ".join(bad))
+    try:
+        baseline = BaselineFile.model_validate(data)
+    except ValidationError as exc:
+        raise BaselineError(path, f"is not a valid baseline: {_format_validation(exc)}") from None
+    if nodeid is not None and baseline.nodeid != nodeid:
+        raise BaselineError(path, f"belongs to test {baseline.nodeid!r}, not {nodeid!r}")
+    return baseline
+
+
+def dump_baseline(baseline: BaselineFile) -> str:
+    """Canonical text of a baseline: sorted keys, 2-space indent, trailing newline.
+
+    Raises:
+        ValueError: a value is NaN or infinite (refused, never written).
+    """
+    return json.dumps(baseline.model_dump(mode="json"), sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+def save_baseline(path: Path, baseline: BaselineFile) -> None:
+    """Write ``baseline`` to ``path`` atomically, creating the folder if needed."""
+    atomic_write_text(path, dump_baseline(baseline))

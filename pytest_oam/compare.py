@@ -1,0 +1,189 @@
+"""Comparison of a profiled run with its baseline: pure functions over profiles.
+
+Per op type, the compared value is the op type's total time within a step, median over steps;
+the whole step time is compared too, as the row ``step``. A current value above
+``baseline * (1 + limit)`` is a regression; below ``baseline * (1 - limit)`` an improvement.
+This module imports neither pytest nor the simulator runtime.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from simulator.profile import Profile
+
+from .baseline import OpStats, RunBaseline
+from .thresholds import STEP_ROW, LimitResolver
+
+#: Gate statuses of a profiled test, most severe first.
+STATUS_ORDER = (
+    "regressed",
+    "invalid-baseline",
+    "missing-ops",
+    "incomparable",
+    "no-baseline",
+    "improved",
+    "pass",
+)
+#: Counters compared for a regressed op type, with the share of change that counts as moved.
+COUNTER_FIELDS = ("count_per_step", "flop", "hbm_bytes", "dma_count", "mac_ratio", "vec_ratio", "mte2_ratio")
+COUNTER_MOVED_FRAC = 0.01
+
+
+def summarize(profile: Profile) -> RunBaseline:
+    """Reduce a profile to what a baseline stores: per-op-type statistics per step."""
+    steps = profile.steps
+    per_step: dict[str, list[float]] = {}
+    totals: dict[str, dict[str, float]] = {}
+    for op in profile.ops:
+        per_step.setdefault(op.op_type, [0.0] * steps)[op.step] += op.duration_s
+        t = totals.setdefault(
+            op.op_type,
+            {"count": 0.0, "flop": 0.0, "hbm_bytes": 0.0, "dma_count": 0.0, "time": 0.0, "mac": 0.0, "vec": 0.0, "mte2": 0.0},
+        )
+        t["count"] += 1
+        t["flop"] += op.flop
+        t["hbm_bytes"] += op.hbm_bytes
+        t["dma_count"] += op.dma_count
+        t["time"] += op.duration_s
+        t["mac"] += op.mac_ratio * op.duration_s
+        t["vec"] += op.vec_ratio * op.duration_s
+        t["mte2"] += op.mte2_ratio * op.duration_s
+    ops: dict[str, OpStats] = {}
+    for op_type, times in per_step.items():
+        t = totals[op_type]
+        median_s = statistics.median(times)
+        if median_s <= 0:
+            continue
+        weight = t["time"] or 1.0
+        ops[op_type] = OpStats(
+            time_s=median_s,
+            count_per_step=t["count"] / steps,
+            flop=t["flop"] / steps,
+            hbm_bytes=t["hbm_bytes"] / steps,
+            dma_count=t["dma_count"] / steps,
+            mac_ratio=t["mac"] / weight,
+            vec_ratio=t["vec"] / weight,
+            mte2_ratio=t["mte2"] / weight,
+        )
+    return RunBaseline(
+        hardware=profile.hardware,
+        devices=profile.devices,
+        simulator_version=profile.simulator_version,
+        workload_fingerprint=profile.workload_fingerprint,
+        steps=steps,
+        step_time_s=profile.step_time_s,
+        tokens_per_step=profile.tokens_per_step,
+        ops=ops,
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One row of the comparison. ``status``: pass, regressed, improved, new or missing."""
+
+    op_type: str
+    baseline_s: float | None
+    current_s: float | None
+    change_frac: float | None
+    limit_frac: float
+    limit_source: str
+    status: str
+
+
+@dataclass(frozen=True)
+class CounterChange:
+    name: str
+    baseline: float
+    current: float
+
+    @property
+    def change_frac(self) -> float:
+        return (self.current - self.baseline) / self.baseline if self.baseline else float("inf")
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """The comparison of one profiled run. ``status`` is one of :data:`STATUS_ORDER`."""
+
+    index: int
+    status: str
+    verdicts: list[Verdict]
+    baseline_step_s: float
+    current_step_s: float
+    reasons: list[str] = field(default_factory=list)
+    counters: dict[str, list[CounterChange]] = field(default_factory=dict)
+
+    @property
+    def regressions(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.status == "regressed"]
+
+
+def _identity_mismatches(baseline: RunBaseline, current: RunBaseline) -> list[str]:
+    reasons = []
+    for name in ("hardware", "devices", "simulator_version", "workload_fingerprint"):
+        old, new = getattr(baseline, name), getattr(current, name)
+        if old != new:
+            reasons.append(f"{name} differs: baseline {old!r}, current {new!r}")
+    return reasons
+
+
+def _verdict(op_type: str, base: float | None, cur: float | None, resolver: LimitResolver) -> Verdict:
+    limit = resolver.resolve(op_type)
+    if base is None:
+        return Verdict(op_type, None, cur, None, limit.frac, limit.source, "new")
+    if cur is None:
+        return Verdict(op_type, base, None, None, limit.frac, limit.source, "missing")
+    change = cur / base - 1.0
+    if cur > base * (1.0 + limit.frac):
+        status = "regressed"
+    elif cur < base * (1.0 - limit.frac):
+        status = "improved"
+    else:
+        status = "pass"
+    return Verdict(op_type, base, cur, change, limit.frac, limit.source, status)
+
+
+def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolver: LimitResolver) -> RunComparison:
+    """Compare one run with its baseline under the limits of ``resolver``."""
+    verdicts = [
+        _verdict(op_type, baseline.ops[op_type].time_s if op_type in baseline.ops else None,
+                 current.ops[op_type].time_s if op_type in current.ops else None, resolver)
+        for op_type in list(baseline.ops) + [o for o in current.ops if o not in baseline.ops]
+    ]
+    verdicts.append(_verdict(STEP_ROW, baseline.step_time_s, current.step_time_s, resolver))
+    reasons = _identity_mismatches(baseline, current)
+    counters = {}
+    for v in verdicts:
+        if v.status == "regressed" and v.op_type in baseline.ops and v.op_type in current.ops:
+            counters[v.op_type] = moved_counters(baseline.ops[v.op_type], current.ops[v.op_type])
+    missing = [v.op_type for v in verdicts if v.status == "missing"]
+    if any(v.status == "regressed" for v in verdicts):
+        status = "regressed"
+    elif missing:
+        status = "missing-ops"
+        reasons.append("op types in the baseline but not in this run: " + ", ".join(missing))
+    elif reasons:
+        status = "incomparable"
+    elif any(v.status == "improved" for v in verdicts):
+        status = "improved"
+    else:
+        status = "pass"
+    return RunComparison(index, status, verdicts, baseline.step_time_s, current.step_time_s, reasons, counters)
+
+
+def moved_counters(baseline: OpStats, current: OpStats) -> list[CounterChange]:
+    """Counters of one op type that moved by more than :data:`COUNTER_MOVED_FRAC`."""
+    moved = []
+    for name in COUNTER_FIELDS:
+        old, new = getattr(baseline, name), getattr(current, name)
+        scale = max(abs(old), abs(new))
+        if scale and abs(new - old) > COUNTER_MOVED_FRAC * scale:
+            moved.append(CounterChange(name, old, new))
+    return moved
+
+
+def worst_status(statuses: list[str]) -> str:
+    """The most severe of ``statuses`` by :data:`STATUS_ORDER` (``pass`` for none)."""
+    return min(statuses, key=STATUS_ORDER.index, default="pass")

@@ -1,0 +1,88 @@
+"""The pytest entry point (``pytest11`` name ``oam``): options, ini keys, marker, fixture.
+
+Thin by design: the state lives in :class:`pytest_oam.session.OamSession`, registered once and
+kept in ``config.stash``. Nothing heavy is imported here; the simulator loads when a test
+first profiles.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .session import OAM_SESSION_KEY, OamSession, settings_from_config
+
+MARKER_DOC = (
+    "oam(thresholds=None, hardware=None, devices=None): per-test settings of the oam "
+    "performance gate: thresholds maps an op type or glob to a limit ('5%' or 0.05), "
+    "hardware names a simulated device (ascend910, ascend910b), devices the number of cards"
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("oam", "performance regression gate on a simulated Ascend NPU")
+    group.addoption(
+        "--oam-baseline",
+        action="store",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DIR",
+        help="Compare profiled tests with the baselines in DIR (default: the oam_baseline_dir ini value)",
+    )
+    group.addoption(
+        "--oam-save-baseline",
+        action="store_true",
+        default=False,
+        help="Write the baselines of the selected profiled tests (after comparing, when gating)",
+    )
+    group.addoption(
+        "--oam-threshold",
+        action="append",
+        default=None,
+        metavar="OP=LIMIT",
+        help="Regression limit for an op type or glob, e.g. MatMul=5% or 'FlashAttention*=0.02' (repeatable)",
+    )
+    group.addoption(
+        "--oam-hardware",
+        action="store",
+        default=None,
+        metavar="NAME",
+        help="Simulated hardware for profiled tests (ascend910, ascend910b); default: the oam_hardware ini value",
+    )
+    group.addoption(
+        "--oam-report",
+        action="store",
+        default=None,
+        metavar="PATH.json",
+        help="Write a machine-readable JSON report of the gate to PATH.json",
+    )
+    parser.addini("oam_baseline_dir", "Folder of baseline files, relative to the ini file", default="baselines")
+    parser.addini("oam_thresholds", "Regression limits, one OP=LIMIT per line", type="linelist", default=[])
+    parser.addini("oam_hardware", "Simulated hardware for profiled tests", default="ascend910")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_DOC)
+    settings = settings_from_config(config)  # raises pytest.UsageError on bad options
+    session = OamSession(config, settings)
+    config.stash[OAM_SESSION_KEY] = session
+    config.pluginmanager.register(session, "oam-session")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(OAM_SESSION_KEY, None)
+    if session is not None:
+        config.pluginmanager.unregister(session)
+        del config.stash[OAM_SESSION_KEY]
+
+
+@pytest.fixture
+def oam_profile(request: pytest.FixtureRequest):
+    """Profile workloads on the simulated NPU: ``profile = oam_profile.run(workload, ...)``.
+
+    Each call runs ``workload(npu, *args, **kwargs)`` on the simulator and returns its
+    :class:`simulator.Profile`; the profiles are kept in order and gated against the test's
+    baseline when ``--oam-baseline`` is given.
+    """
+    return request.config.stash[OAM_SESSION_KEY].profiler_for(request.node)

@@ -1,0 +1,179 @@
+"""Reports: the JSON report model and every piece of text the plugin prints.
+
+All unit conversion for display happens here; data stays in SI units.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from tabulate import tabulate
+
+from .compare import RunComparison
+from .diagnosis import Finding
+
+REPORT_SCHEMA_VERSION = 1
+_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+GateStatus = Literal[
+    "pass", "regressed", "improved", "no-baseline", "invalid-baseline", "incomparable", "missing-ops"
+]
+
+
+class VerdictReport(BaseModel):
+    model_config = _CONFIG
+    run: int = Field(ge=0, description="Index of the profiled run within the test")
+    op_type: str
+    baseline_s: float | None
+    current_s: float | None
+    change_frac: float | None
+    limit_frac: float = Field(ge=0)
+    limit_source: str
+    status: Literal["pass", "regressed", "improved", "new", "missing"]
+
+
+class FindingReport(BaseModel):
+    model_config = _CONFIG
+    run: int = Field(ge=0)
+    op_type: str
+    severity: Literal["critical", "major", "minor"]
+    delta_s: float
+    step_share_frac: float
+    counters: dict[str, tuple[float, float]] = Field(description="name -> (baseline, current)")
+    call_sites: list[tuple[str, float]] = Field(description="(file:line, seconds per step)")
+    advice: list[str]
+
+
+class TopOp(BaseModel):
+    model_config = _CONFIG
+    op_type: str
+    time_s: float = Field(ge=0)
+    share_frac: float = Field(ge=0)
+
+
+class RunReport(BaseModel):
+    model_config = _CONFIG
+    index: int = Field(ge=0)
+    status: GateStatus
+    hardware: str
+    devices: int = Field(ge=1)
+    step_time_s: float = Field(ge=0)
+    baseline_step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    top_ops: list[TopOp]
+    reasons: list[str] = Field(default_factory=list)
+
+
+class TestReport(BaseModel):
+    """One profiled test of the run."""
+
+    model_config = _CONFIG
+    nodeid: str
+    status: GateStatus
+    baseline_path: str | None = None
+    message: str | None = None
+    runs: list[RunReport] = Field(default_factory=list)
+    verdicts: list[VerdictReport] = Field(default_factory=list)
+    findings: list[FindingReport] = Field(default_factory=list)
+
+
+class OamReport(BaseModel):
+    """The file ``--oam-report PATH.json`` writes."""
+
+    model_config = _CONFIG
+    schema_version: Literal[1] = REPORT_SCHEMA_VERSION
+    pytest_oam_version: str
+    baseline_dir: str | None
+    tests: list[TestReport]
+    status_counts: dict[str, int]
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 1.0:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def fmt_frac(frac: float | None, signed: bool = False) -> str:
+    if frac is None:
+        return "-"
+    return f"{frac * 100:+.1f}%" if signed else f"{frac * 100:.1f}%"
+
+
+def fmt_rate(tokens_per_s: float | None) -> str:
+    return "-" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
+
+
+def verdict_table(comparison: RunComparison) -> str:
+    rows = [
+        (v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
+         fmt_frac(v.limit_frac), v.status.upper() if v.status == "regressed" else v.status)
+        for v in comparison.verdicts
+    ]
+    return tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),
+                    colalign=("left", "right", "right", "right", "right", "left"))
+
+
+def findings_text(findings: list[Finding]) -> str:
+    lines = []
+    for f in findings:
+        lines.append(
+            f"[{f.severity}] {f.op_type}: +{fmt_time(f.delta_s)} per step "
+            f"({fmt_frac(f.step_share_frac)} of the baseline step time)"
+        )
+        if f.counters:
+            moved = ", ".join(
+                f"{c.name} {c.baseline:.4g} -> {c.current:.4g} ({fmt_frac(c.change_frac, True)})" for c in f.counters
+            )
+            lines.append(f"    counters moved: {moved}")
+        else:
+            lines.append("    counters moved: none (same work, same traffic)")
+        for site, seconds in f.call_sites:
+            lines.append(f"    where: {site} ({fmt_time(seconds)} per step)")
+        for tip in f.advice:
+            lines.append(f"    what to do: {tip}")
+    return "\n".join(lines)
+
+
+def failure_text(nodeid: str, baseline_path: str | None, parts: list[tuple[RunComparison, list[Finding], str, int]]) -> str:
+    """The report section of a failed gate: per run, the verdict table and the diagnosis."""
+    out = [f"oam performance gate: REGRESSED {nodeid}"]
+    if baseline_path:
+        out.append(f"baseline: {baseline_path}")
+    for comparison, findings, hardware, devices in parts:
+        out.append("")
+        out.append(f"run {comparison.index + 1}: {hardware} x {devices}, status {comparison.status}")
+        out.append(verdict_table(comparison))
+        for reason in comparison.reasons:
+            out.append(f"note: {reason}")
+        if findings:
+            out.append("diagnosis:")
+            out.append(findings_text(findings))
+    return "\n".join(out)
+
+
+def summary_table(tests: list[TestReport]) -> str:
+    rows = []
+    for t in tests:
+        if not t.runs:
+            rows.append((t.nodeid, "-", "-", "-", t.status, "-"))
+            continue
+        for r in t.runs:
+            top = ", ".join(f"{o.op_type} {fmt_frac(o.share_frac)}" for o in r.top_ops)
+            label = t.nodeid if r.index == 0 else f"  run {r.index + 1}"
+            rows.append((label, f"{r.hardware} x{r.devices}", fmt_time(r.step_time_s), fmt_rate(r.tokens_per_s),
+                         r.status if len(t.runs) > 1 else t.status, top))
+    return tabulate(rows, headers=("test", "hardware", "step time", "tokens/s", "gate", "top operators"))
+
+
+def dump_report(report: OamReport) -> str:
+    return json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True, allow_nan=False) + "\n"

@@ -1,0 +1,386 @@
+"""The stateful side of the plugin: settings, the per-test profiler, the gate and its reports.
+
+Data flow: the ``oam_profile`` fixture runs workloads (on an xdist worker or in-process) ->
+the ``pytest_runtest_makereport`` hook compares the profiles with the baseline and attaches
+the result, as builtin types, to the test report (``report.oam_gate``) -> the controller's
+``pytest_runtest_logreport`` collects results and writes baselines -> terminal summary and the
+JSON report at the end. Only the controller writes files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .thresholds import ThresholdError, parse_entry, parse_mapping
+
+if TYPE_CHECKING:
+    from simulator.profile import Profile
+
+    from .baseline import BaselineFile
+
+OAM_SESSION_KEY = pytest.StashKey["OamSession"]()
+_PROFILER_KEY = pytest.StashKey["OamProfiler"]()
+MARKER_KEYWORDS = ("thresholds", "hardware", "devices")
+#: Statuses that fail the test.
+FAILING_STATUSES = ("regressed",)
+TOP_OPS = 3
+
+
+@dataclass(frozen=True)
+class OamSettings:
+    """Options resolved from the command line and the ini file."""
+
+    baseline_dir: Path | None  # gate mode when set
+    save_dir: Path | None  # --oam-save-baseline when set
+    cli_thresholds: dict[str, float]
+    ini_thresholds: dict[str, float]
+    hardware: str
+    report_path: Path | None
+
+
+def _usage(message: str) -> pytest.UsageError:
+    return pytest.UsageError(message)
+
+
+def _check_hardware(name: str, where: str) -> None:
+    from simulator.hardware import list_hardware
+
+    known = list_hardware()
+    if name not in known:
+        raise _usage(f"{where}: unknown hardware {name!r}; known: {', '.join(known)}")
+
+
+def _parse_entries(entries: list[str], where: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for entry in entries:
+        if not entry.strip():
+            continue
+        try:
+            op, limit = parse_entry(entry)
+        except ThresholdError as exc:
+            raise _usage(f"{where}: {exc}") from None
+        out[op] = limit
+    return out
+
+
+def settings_from_config(config: pytest.Config) -> OamSettings:
+    """Resolve and validate the plugin's options.
+
+    Raises:
+        pytest.UsageError: an unknown hardware name, a malformed threshold, or a baseline
+            folder argument that looks like a test path.
+    """
+    opt = config.option
+    ini_dir = config.inipath.parent if config.inipath else config.rootpath
+    ini_baseline = Path(config.getini("oam_baseline_dir") or "baselines")
+    default_dir = ini_baseline if ini_baseline.is_absolute() else ini_dir / ini_baseline
+    baseline_dir = None
+    if opt.oam_baseline is not None:
+        value = opt.oam_baseline
+        if value == "":
+            baseline_dir = default_dir
+        else:
+            if value.endswith(".py") or "::" in value:
+                raise _usage(
+                    f"--oam-baseline: {value!r} looks like a test path, not a baseline folder; "
+                    f"write --oam-baseline=DIR, or put the option after the test paths"
+                )
+            baseline_dir = Path(config.invocation_params.dir, value)
+    save_dir = (baseline_dir or default_dir) if opt.oam_save_baseline else None
+    cli = _parse_entries(opt.oam_threshold or [], "--oam-threshold")
+    ini = _parse_entries(config.getini("oam_thresholds"), "oam_thresholds (ini)")
+    if opt.oam_hardware is not None:
+        hardware = opt.oam_hardware
+        _check_hardware(hardware, "--oam-hardware")
+    else:
+        hardware = config.getini("oam_hardware") or "ascend910"
+        if hardware != "ascend910":
+            _check_hardware(hardware, "oam_hardware (ini)")
+    report = Path(config.invocation_params.dir, opt.oam_report) if opt.oam_report else None
+    return OamSettings(baseline_dir, save_dir, cli, ini, hardware, report)
+
+
+@dataclass(frozen=True)
+class MarkerSettings:
+    thresholds: dict[str, float]
+    hardware: str | None
+    devices: int | None
+
+
+def marker_settings(item: pytest.Item) -> MarkerSettings:
+    """Settings of the closest ``@pytest.mark.oam`` of ``item``.
+
+    Raises:
+        pytest.UsageError: positional arguments, an unknown keyword, bad thresholds, an
+            unknown hardware name, or a non-positive device count; the message names the test.
+    """
+    marker = item.get_closest_marker("oam")
+    if marker is None:
+        return MarkerSettings({}, None, None)
+    where = f"{item.nodeid}: @pytest.mark.oam"
+    if marker.args:
+        raise _usage(f"{where}: takes keywords only ({', '.join(MARKER_KEYWORDS)}), got {marker.args!r}")
+    unknown = sorted(set(marker.kwargs) - set(MARKER_KEYWORDS))
+    if unknown:
+        raise _usage(f"{where}: unknown keyword {unknown[0]!r}; known: {', '.join(MARKER_KEYWORDS)}")
+    try:
+        thresholds = parse_mapping(marker.kwargs.get("thresholds") or {})
+    except ThresholdError as exc:
+        raise _usage(f"{where}: {exc}") from None
+    hardware = marker.kwargs.get("hardware")
+    if hardware is not None:
+        if not isinstance(hardware, str):
+            raise _usage(f"{where}: hardware must be a name, got {hardware!r}")
+        _check_hardware(hardware, where)
+    devices = marker.kwargs.get("devices")
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+        raise _usage(f"{where}: devices must be a positive integer, got {devices!r}")
+    return MarkerSettings(thresholds, hardware, devices)
+
+
+class OamProfiler:
+    """The object the ``oam_profile`` fixture gives a test."""
+
+    def __init__(self, item: pytest.Item, settings: OamSettings, marker: MarkerSettings,
+                 baseline: BaselineFile | None, baseline_path: Path | None) -> None:
+        self._item = item
+        self._settings = settings
+        self._marker = marker
+        self.baseline = baseline
+        self.baseline_path = baseline_path
+        self.profiles: list[Profile] = []
+
+    def run(self, workload, *args, steps: int = 1, hardware: str | None = None,
+            devices: int | None = None, op_time_scale: dict[str, float] | None = None, **kwargs) -> Profile:
+        """Run ``workload(npu, *args, **kwargs)`` on the simulator and keep its profile.
+
+        ``hardware`` and ``devices`` default to the test's marker, then ``--oam-hardware`` /
+        the ``oam_hardware`` ini value, then one ``ascend910``. ``op_time_scale`` injects a
+        slowdown per op type (for testing gates).
+
+        Raises:
+            ValueError: unknown hardware, bad steps or devices, or an operator error (naming
+                the op and shapes).
+        """
+        import simulator
+
+        profile = simulator.run(
+            workload,
+            *args,
+            steps=steps,
+            hardware=hardware or self._marker.hardware or self._settings.hardware,
+            devices=devices or self._marker.devices or 1,
+            op_time_scale=op_time_scale,
+            **kwargs,
+        )
+        self.profiles.append(profile)
+        return profile
+
+
+class OamSession:
+    """Registered once per pytest run as a plugin; holds the gate's state."""
+
+    def __init__(self, config: pytest.Config, settings: OamSettings) -> None:
+        self.config = config
+        self.settings = settings
+        self.is_worker = hasattr(config, "workerinput")
+        self.results: dict[str, dict[str, Any]] = {}
+        self.written: list[str] = []
+        self.save_errors: list[str] = []
+
+    # -- collection: validate markers before any test runs --------------------------------------
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            if item.get_closest_marker("oam") is not None:
+                marker_settings(item)
+
+    # -- the fixture ----------------------------------------------------------------------------
+
+    def baseline_path(self, nodeid: str, folder: Path) -> Path:
+        from .baseline import baseline_filename
+
+        return folder / baseline_filename(nodeid)
+
+    def profiler_for(self, item: pytest.Item) -> OamProfiler:
+        """Make the test's profiler, reading its baseline first (as it was before this run).
+
+        Raises:
+            BaselineError: in gate mode without ``--oam-save-baseline``, the test's baseline
+                file exists but cannot be used (the test errors, naming the file).
+        """
+        from .baseline import BaselineError, load_baseline
+
+        baseline = path = None
+        if self.settings.baseline_dir is not None:
+            path = self.baseline_path(item.nodeid, self.settings.baseline_dir)
+            if path.exists():
+                try:
+                    baseline = load_baseline(path, item.nodeid)
+                except BaselineError:
+                    if self.settings.save_dir is None:
+                        raise
+                    baseline = None  # the user asked to rewrite it
+        profiler = OamProfiler(item, self.settings, marker_settings(item), baseline, path)
+        item.stash[_PROFILER_KEY] = profiler
+        return profiler
+
+    # -- the gate -------------------------------------------------------------------------------
+
+    def _evaluate(self, item: pytest.Item, profiler: OamProfiler) -> tuple[dict[str, Any], str | None]:
+        from .baseline import BaselineFile
+        from .compare import compare_run, summarize, worst_status
+        from .diagnosis import diagnose
+        from .report import FindingReport, RunReport, TestReport, TopOp, VerdictReport, failure_text
+        from .thresholds import LimitResolver
+
+        marker = marker_settings(item)
+        resolver = LimitResolver.build(marker.thresholds, self.settings.cli_thresholds, self.settings.ini_thresholds)
+        summaries = [summarize(p) for p in profiler.profiles]
+        baseline = profiler.baseline
+        gating = self.settings.baseline_dir is not None
+        runs, verdicts, findings, statuses, parts = [], [], [], [], []
+        message = None
+        for i, (profile, current) in enumerate(zip(profiler.profiles, summaries)):
+            base_run = baseline.runs[i] if baseline is not None and i < len(baseline.runs) else None
+            step_s = profile.step_time_s
+            top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
+            top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0) for k, v in top]
+            status, reasons, base_step = "no-baseline", [], None
+            if not gating:
+                status = "pass"
+            elif base_run is not None:
+                comparison = compare_run(i, base_run, current, resolver)
+                status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
+                run_findings = diagnose(comparison, profile)
+                verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
+                findings += [
+                    FindingReport(run=i, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
+                                  step_share_frac=f.step_share_frac,
+                                  counters={c.name: (c.baseline, c.current) for c in f.counters},
+                                  call_sites=f.call_sites, advice=f.advice)
+                    for f in run_findings
+                ]
+                parts.append((comparison, run_findings, profile.hardware, profile.devices))
+            statuses.append(status)
+            runs.append(RunReport(index=i, status=status, hardware=profile.hardware, devices=profile.devices,
+                                  step_time_s=step_s, baseline_step_time_s=base_step,
+                                  tokens_per_s=profile.tokens_per_s, top_ops=top_ops, reasons=reasons))
+        if gating and baseline is not None and len(baseline.runs) != len(profiler.profiles):
+            statuses.append("incomparable")
+            message = (f"the test made {len(profiler.profiles)} profiled runs; "
+                       f"its baseline holds {len(baseline.runs)}")
+        status = worst_status(statuses)
+        if status == "no-baseline":
+            message = "no baseline: run with --oam-save-baseline to create one"
+        path = str(profiler.baseline_path) if profiler.baseline_path else None
+        report = TestReport(nodeid=item.nodeid, status=status, baseline_path=path, message=message,
+                            runs=runs, verdicts=verdicts, findings=findings)
+        result: dict[str, Any] = {"report": report.model_dump(mode="json")}
+        if self.settings.save_dir is not None:
+            new = BaselineFile(nodeid=item.nodeid, runs=summaries)
+            result["baseline"] = new.model_dump(mode="json")
+        text = failure_text(item.nodeid, path, parts) if status in FAILING_STATUSES else None
+        return result, text
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        if report.when == "setup" and call.excinfo is not None:
+            from .baseline import BaselineError
+
+            if isinstance(call.excinfo.value, BaselineError):
+                exc = call.excinfo.value
+                report.longrepr = f"oam: invalid baseline: {exc}"
+                report.oam_gate = {"report": {"nodeid": item.nodeid, "status": "invalid-baseline",
+                                              "baseline_path": exc.path, "message": str(exc)}}
+            return report
+        profiler = item.stash.get(_PROFILER_KEY, None)
+        if report.when != "call" or profiler is None or not profiler.profiles:
+            return report
+        result, text = self._evaluate(item, profiler)
+        result["test_passed"] = report.passed
+        report.oam_gate = result
+        if text is not None:
+            report.sections.append(("oam performance gate", text))
+            if report.passed:
+                report.outcome = "failed"
+                report.longrepr = text
+        return report
+
+    # -- controller side --------------------------------------------------------------------------
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        gate = getattr(report, "oam_gate", None)
+        if gate is None or self.is_worker:
+            return
+        self.results[report.nodeid] = gate["report"]
+        baseline = gate.get("baseline")
+        if baseline is not None and gate.get("test_passed") and self.settings.save_dir is not None:
+            self._save(report.nodeid, baseline)
+
+    def _save(self, nodeid: str, data: dict[str, Any]) -> None:
+        from .baseline import BaselineFile, save_baseline
+
+        path = self.baseline_path(nodeid, self.settings.save_dir)
+        try:
+            save_baseline(path, BaselineFile.model_validate(data))
+        except (OSError, ValueError) as exc:
+            self.save_errors.append(f"{path}: not written: {exc}")
+            return
+        self.written.append(str(path))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.is_worker or not self.results:
+            return
+        from .report import TestReport, summary_table
+
+        tests = [TestReport.model_validate(r) for r in self.results.values()]
+        tr = terminalreporter
+        tr.write_sep("=", "oam performance gate")
+        tr.write_line(summary_table(tests))
+        for t in tests:
+            if t.status == "regressed":
+                worst = [v for v in t.verdicts if v.status == "regressed"]
+                detail = ", ".join(f"{v.op_type} {v.change_frac * 100:+.1f}% (limit {v.limit_frac * 100:.1f}%)" for v in worst)
+                tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
+            elif t.status != "pass":
+                tr.write_line(f"oam: {t.status} {t.nodeid}" + (f": {t.message}" if t.message else ""), yellow=True)
+                for run in t.runs:
+                    for reason in run.reasons:
+                        tr.write_line(f"    {reason}", yellow=True)
+        if self.written:
+            folder = self.settings.save_dir
+            noun = "baseline" if len(self.written) == 1 else "baselines"
+            tr.write_line(f"oam: wrote {len(self.written)} {noun} to {folder}")
+            if self.config.get_verbosity() > 0:
+                for path in self.written:
+                    tr.write_line(f"    {path}")
+        for err in self.save_errors:
+            tr.write_line(f"oam: {err}", red=True)
+        if self.settings.report_path is not None:
+            tr.write_line(f"oam: wrote report {self.settings.report_path}")
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.is_worker or self.settings.report_path is None:
+            return
+        import pytest_oam
+
+        from .fileio import atomic_write_text
+        from .report import OamReport, TestReport, dump_report
+
+        tests = [TestReport.model_validate(r) for r in self.results.values()]
+        counts: dict[str, int] = {}
+        for t in tests:
+            counts[t.status] = counts.get(t.status, 0) + 1
+        report = OamReport(
+            pytest_oam_version=pytest_oam.__version__,
+            baseline_dir=str(self.settings.baseline_dir) if self.settings.baseline_dir else None,
+            tests=tests,
+            status_counts=counts,
+        )
+        atomic_write_text(self.settings.report_path, dump_report(report))

@@ -1,0 +1,25 @@
+"""A simulator of the Huawei Ascend 910 NPU and its 8-card servers.
+
+``SIMULATOR_VERSION`` (``__version__``) is bumped whenever a cost model changes the numbers it
+produces, so that baselines made by another version are recognised as such.
+"""
+
+__version__ = "0.1.0"
+SIMULATOR_VERSION = __version__
+
+from .hardware import HardwareSpec, list_hardware, load_hardware  # noqa: E402
+from .profile import OpRecord, Profile  # noqa: E402
+from .runtime import NPU, ShapeError, Tensor, run  # noqa: E402
+
+__all__ = [
+    "HardwareSpec",
+    "NPU",
+    "OpRecord",
+    "Profile",
+    "SIMULATOR_VERSION",
+    "ShapeError",
+    "Tensor",
+    "list_hardware",
+    "load_hardware",
+    "run",
+]

@@ -1,0 +1,564 @@
+"""Cost models: pure functions ``cost(spec, hw) -> OpCost``, found through :data:`COST_MODELS`.
+
+Every function is a pure function of an :class:`OpSpec` (op type, input shapes, dtype and
+attributes) and a :class:`~simulator.hardware.HardwareSpec`; nothing is stored on either.
+Times are seconds, sizes bytes, work FLOP.
+
+The kernel model shared by all AI Core operators:
+
+* work is cut into ``block_dim`` blocks spread over the AI Cores; blocks run in
+  ``ceil(block_dim / cores)`` waves, so an idle last wave costs a whole wave (wave
+  quantisation);
+* inside a block the Cube unit, the Vector unit and the MTE2/MTE3 DMA queues work as a
+  pipeline over ``iterations`` equal iterations (K chunks, K/V blocks, Unified Buffer chunks).
+  Each buffer in flight lets one more unit work at once, so with ``stages`` buffers the
+  steady state runs at ``max(max(parts), sum(parts) / stages)`` and the first iteration
+  (pipeline fill) is not overlapped (see :func:`pipelined_time_s`);
+* HBM traffic is shared by the active cores; data that the blocks of one wave share is read
+  from HBM once per wave and served from L2 to the other blocks, and operands that fit in L2
+  whole are read from HBM once; every DMA transfer pays a fixed start-up cost on its core's
+  queue;
+* each kernel pays the hardware's launch floor.
+
+The pipe ratios follow msprof's definitions: ``mac_ratio`` (Cube busy share),
+``vec_ratio`` (Vector busy share), ``mte2_ratio`` (MTE2 busy share), each averaged over the
+AI Cores and the kernel's duration.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .hardware import HardwareSpec
+from .units import DTYPE_BYTES
+
+Shape = tuple[int, ...]
+
+#: Matmul base tile (rows of A, columns of B per block) before L0C limits are applied.
+#: A kernel-tiling policy, not a hardware figure: CANN's matmul samples use baseM=128 and
+#: baseN=256 for fp16.
+MATMUL_BASE_M = 128
+MATMUL_BASE_N = 256
+#: Buffers in flight for kernels that use plain double buffering.
+DOUBLE_BUFFER_STAGES = 2
+#: Accumulator bytes per element in L0C and the Unified Buffer (fp32 accumulation).
+ACCUMULATOR_BYTES = DTYPE_BYTES["fp32"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """What an operator call is: enough to cost it, hashable so costs can be cached.
+
+    ``attrs`` is a sorted tuple of ``(name, value)`` pairs.
+    """
+
+    op_type: str
+    shapes: tuple[Shape, ...]
+    dtype: str
+    attrs: tuple[tuple[str, object], ...] = ()
+
+    def attr(self, name: str, default=None):
+        for key, value in self.attrs:
+            if key == name:
+                return value
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class CommCost:
+    """Extra facts of a collective, as nccl-tests / hccl_test report them."""
+
+    bytes: int
+    algorithm: str
+    group_size: int
+    algbw_bytes_per_s: float
+    busbw_bytes_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """Result of a cost model. Times in seconds, traffic in bytes."""
+
+    duration_s: float
+    flop: float
+    hbm_bytes: float
+    l2_bytes: float
+    block_dim: int
+    dma_count: int
+    ai_core_util_frac: float
+    mac_ratio: float
+    vec_ratio: float
+    mte2_ratio: float
+    kernel_count: int = 1
+    comm: CommCost | None = field(default=None)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(a: int, multiple: int) -> int:
+    return _ceil_div(a, multiple) * multiple
+
+
+def _numel(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def pipelined_time_s(parts_s: tuple[float, ...], stages: int, iterations: int = 1) -> float:
+    """Time of a pipeline whose units need ``parts_s`` seconds in all, over ``iterations``.
+
+    With ``stages`` buffers in flight at most ``stages`` units work at once, so the steady
+    state takes ``max(max(parts), sum(parts) / stages)``; the first iteration fills the
+    pipeline without overlap. One stage, or one iteration, runs the parts one after another.
+
+    Raises:
+        ValueError: ``stages`` or ``iterations`` < 1.
+    """
+    if stages < 1:
+        raise ValueError(f"pipeline_stages must be >= 1, got {stages}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    total = sum(parts_s)
+    steady = max(max(parts_s), total / stages)
+    return steady + (total - steady) / iterations
+
+
+@dataclass(frozen=True, slots=True)
+class _Kernel:
+    """A tiled AI Core kernel: per-block work, block count, and whole-kernel traffic."""
+
+    block_dim: int
+    cube_s_per_block: float
+    vector_s_per_block: float
+    hbm_bytes: float
+    l2_bytes: float
+    dma_per_block: int
+    stages: int
+    iterations: int
+    flop: float
+    kernel_count: int = 1
+
+
+def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
+    """Turn a tiled kernel into time and counters (see the module docstring)."""
+    waves = _ceil_div(k.block_dim, cores)
+    active_cores = min(k.block_dim, cores)
+    mem = hw.memory
+    # Whole-kernel DMA time spread over the waves: bandwidth is shared by the active cores.
+    transfer_s = k.hbm_bytes / (mem.hbm_bandwidth_bytes_per_s * mem.hbm_efficiency_frac)
+    transfer_s += k.l2_bytes / mem.l2_bandwidth_bytes_per_s
+    mte_s_per_block = transfer_s * active_cores / k.block_dim
+    mte_s_per_block += k.dma_per_block * hw.dma.mte_startup_latency_s
+    block_s = pipelined_time_s(
+        (k.cube_s_per_block, k.vector_s_per_block, mte_s_per_block), k.stages, k.iterations
+    )
+    launch_s = hw.launch.kernel_launch_latency_s * k.kernel_count
+    duration_s = launch_s + waves * block_s
+    core_capacity_s = cores * duration_s
+    return OpCost(
+        duration_s=duration_s,
+        flop=k.flop,
+        hbm_bytes=k.hbm_bytes,
+        l2_bytes=k.l2_bytes,
+        block_dim=k.block_dim,
+        dma_count=k.dma_per_block * k.block_dim,
+        ai_core_util_frac=k.block_dim * block_s / core_capacity_s,
+        mac_ratio=k.block_dim * k.cube_s_per_block / core_capacity_s,
+        vec_ratio=k.block_dim * k.vector_s_per_block / core_capacity_s,
+        mte2_ratio=min(1.0, k.block_dim * mte_s_per_block / core_capacity_s),
+        kernel_count=k.kernel_count,
+    )
+
+
+def _cube_s(m: int, k: int, n: int, dtype: str, hw: HardwareSpec) -> float:
+    """Cube unit time of one (m x k) @ (k x n) tile; dims pad up to the 16x16x16 fractal."""
+    cu = hw.cube_unit
+    macs = (
+        _round_up(m, cu.fractal_m) * _round_up(k, cu.fractal_k) * _round_up(n, cu.fractal_n)
+    )
+    cycles = macs / hw.cube_macs_per_cycle(dtype)
+    return cycles / (hw.ai_core.clock_hz * cu.efficiency_frac)
+
+
+def _vector_s(elements: float, op_classes: dict[str, float], dtype: str, hw: HardwareSpec) -> float:
+    """Vector unit time for ``elements`` elements, each costing the given instruction classes."""
+    vu = hw.vector_unit
+    cycles_per_element = sum(vu.cycles_per_op_class[c] * n for c, n in op_classes.items())
+    return elements * cycles_per_element / (hw.vector_ops_per_cycle(dtype) * hw.ai_core.clock_hz)
+
+
+# --------------------------------------------------------------------------------------
+# MatMul / BatchMatMul
+
+
+def matmul_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """(batch, M, K) @ (batch, K, N) on the Cube unit, tiled per AI Core.
+
+    ``spec.shapes`` is ``((batch, M, K), (batch, K, N))``. Base tile ``m_t x n_t`` is limited
+    by L0C (fp32 accumulators, double-buffered); K is streamed from HBM into L1 in chunks that
+    fit L1 with double buffering.
+    """
+    (batch, m, k), (_, _, n) = spec.shapes
+    elt = DTYPE_BYTES[spec.dtype]
+    cu = hw.cube_unit
+    m_t = min(_round_up(m, cu.fractal_m), MATMUL_BASE_M)
+    n_cap = hw.memory.l0c_bytes_per_core // (m_t * ACCUMULATOR_BYTES * DOUBLE_BUFFER_STAGES)
+    n_t = min(_round_up(n, cu.fractal_n), MATMUL_BASE_N, n_cap // cu.fractal_n * cu.fractal_n)
+    m_blocks, n_blocks = _ceil_div(m, m_t), _ceil_div(n, n_t)
+    block_dim = batch * m_blocks * n_blocks
+    k_chunk = hw.memory.l1_bytes_per_core // ((m_t + n_t) * elt * DOUBLE_BUFFER_STAGES)
+    k_chunk = max(cu.fractal_k, k_chunk // cu.fractal_k * cu.fractal_k)
+    k_chunks = _ceil_div(k, k_chunk)
+    # Each block reads an A panel (m_t x K) and a B panel (K x n_t) and writes its C tile.
+    # The panels one wave shares come from HBM once per wave and from L2 for the other blocks
+    # of the wave; operands that fit in L2 whole come from HBM once.
+    read_bytes = block_dim * (m_t + n_t) * k * elt
+    unique_read_bytes = batch * (m * k + k * n) * elt
+    write_bytes = batch * m * n * elt
+    cores = hw.ai_core.count
+    if (m * k + k * n) * elt * min(batch, cores) <= hw.memory.l2_bytes:
+        hbm_read_bytes = unique_read_bytes
+    else:
+        # Swizzled raster: each wave covers a rows x cols patch of C tiles chosen to need the
+        # fewest panels (CANN's matmul L2 tiling does the same).
+        waves = _ceil_div(block_dim, cores)
+        wave_bytes = k * elt * min(
+            rows * m_t + min(n_blocks, _ceil_div(cores, rows)) * n_t
+            for rows in range(1, min(m_blocks, cores) + 1)
+        )
+        hbm_read_bytes = min(read_bytes, max(unique_read_bytes, waves * wave_bytes))
+    hbm_bytes = hbm_read_bytes + write_bytes
+    l2_bytes = read_bytes - hbm_read_bytes
+    kernel = _Kernel(
+        block_dim=block_dim,
+        cube_s_per_block=_cube_s(m_t, k, n_t, spec.dtype, hw),
+        vector_s_per_block=0.0,
+        hbm_bytes=hbm_bytes,
+        l2_bytes=max(0.0, l2_bytes),
+        dma_per_block=2 * k_chunks + 1,
+        stages=DOUBLE_BUFFER_STAGES,
+        iterations=k_chunks,
+        flop=2.0 * batch * m * k * n,
+    )
+    return _run_kernel(kernel, hw, hw.ai_core.count)
+
+
+# --------------------------------------------------------------------------------------
+# FlashAttention
+
+
+def flash_attention_l1_bytes(block_size: int, head_dim: int, pipeline_stages: int, dtype: str) -> int:
+    """L1 bytes one AI Core needs: a Q block plus ``pipeline_stages`` K and V blocks in flight."""
+    elt = DTYPE_BYTES[dtype]
+    return (block_size * head_dim + pipeline_stages * 2 * block_size * head_dim) * elt
+
+
+def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> OpCost:
+    (b, h, s_q, d), (_, h_kv, s_kv, _) = spec.shapes[0], spec.shapes[1]
+    block = spec.attr("block_size")
+    stages = spec.attr("pipeline_stages")
+    fusion = spec.attr("fusion")
+    causal = spec.attr("causal")
+    elt = DTYPE_BYTES[spec.dtype]
+    need = flash_attention_l1_bytes(block, d, stages, spec.dtype)
+    if need > hw.memory.l1_bytes_per_core:
+        raise ValueError(
+            f"{spec.op_type}: block_size={block}, head_dim={d}, pipeline_stages={stages} "
+            f"need {need} bytes of L1 per AI Core; {hw.name} has {hw.memory.l1_bytes_per_core}"
+        )
+    q_blocks = _ceil_div(s_q, block)
+    kv_blocks = _ceil_div(s_kv, block)
+    # Causal masking skips the blocks above the diagonal: on average (n + 1) / 2 of n.
+    kv_per_q = (kv_blocks + 1) / 2 if causal else float(kv_blocks)
+    # Forward: QK^T and PV (2 matmuls per block pair); backward recomputes QK^T and does
+    # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (5 matmuls), FlashAttention-2 paper.
+    matmuls = 5 if backward else 2
+    cube_per_pair = matmuls * _cube_s(block, d, block, spec.dtype, hw)
+    softmax_classes = (
+        {"exp": 1, "add": 2, "mul": 3} if backward else {"max": 1, "add": 1, "exp": 1, "reduce": 1, "mul": 1}
+    )
+    vec_per_pair = _vector_s(block * block, softmax_classes, "fp32", hw)
+    pairs_per_block = kv_per_q
+    block_dim = b * h * q_blocks
+    cube_s = pairs_per_block * cube_per_pair
+    vec_s = pairs_per_block * vec_per_pair
+    # Traffic per (batch, head): Q read once and O written once; K and V re-read per Q block.
+    # Backward also reads O, dO and writes dQ, dK, dV (IO analysis of Dao et al., 2022).
+    head_qo = s_q * d * elt
+    head_kv = 2 * s_kv * d * elt
+    kv_reads = q_blocks * kv_per_q * 2 * block * d * elt
+    if backward:
+        first_pass = 4 * head_qo + head_kv  # Q, O, dO read; dQ written
+        unique = b * h * (first_pass + head_qo) + b * h_kv * head_kv  # dK, dV written
+    else:
+        unique = b * h * 2 * head_qo + b * h_kv * head_kv
+    reread = b * h * kv_reads - b * h_kv * head_kv
+    dma_per_block = 2 + 2 * math.ceil(pairs_per_block) + (3 if backward else 0)
+    kernel_count = 1
+    if not fusion:
+        # Unfused: the score and probability tiles round-trip through HBM (write S, read S,
+        # write P, read P), and QK^T, softmax and PV are separate kernels.
+        unique += b * h * 4 * s_q * s_kv * elt * (kv_per_q / kv_blocks)
+        dma_per_block += 4 * math.ceil(pairs_per_block)
+        kernel_count = 3
+    # K/V of the heads in flight stay in L2 when they fit.
+    heads_in_flight = max(1, min(b * h, hw.ai_core.count) // max(1, q_blocks))
+    if heads_in_flight * head_kv <= hw.memory.l2_bytes:
+        hbm_bytes, l2_bytes = unique, max(0.0, reread)
+    else:
+        hbm_bytes, l2_bytes = unique + max(0.0, reread), 0.0
+    flop = 2.0 * matmuls * b * h * s_q * s_kv * d * (kv_per_q / kv_blocks)
+    kernel = _Kernel(
+        block_dim=block_dim,
+        cube_s_per_block=cube_s,
+        vector_s_per_block=vec_s,
+        hbm_bytes=hbm_bytes,
+        l2_bytes=l2_bytes,
+        dma_per_block=dma_per_block,
+        stages=stages,
+        iterations=max(1, math.ceil(pairs_per_block)),
+        flop=flop,
+        kernel_count=kernel_count,
+    )
+    return _run_kernel(kernel, hw, hw.ai_core.count)
+
+
+def flash_attention_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """FlashAttention forward. Shapes: q (B, H, S_q, D), k and v (B, H_kv, S_kv, D).
+
+    Attributes: ``block_size`` (rows of Q and of K/V per block), ``pipeline_stages``,
+    ``fusion``, ``causal``.
+
+    Raises:
+        ValueError: the blocks in flight do not fit in one AI Core's L1.
+    """
+    return _flash_attention_common(spec, hw, backward=False)
+
+
+def flash_attention_grad_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """FlashAttention backward; same shapes and attributes as the forward."""
+    return _flash_attention_common(spec, hw, backward=True)
+
+
+# --------------------------------------------------------------------------------------
+# Vector operators
+
+
+@dataclass(frozen=True, slots=True)
+class VectorProfile:
+    """How a Vector unit operator touches memory and which instructions it runs.
+
+    ``read_elements`` / ``write_elements`` are multiples of the first input's element count;
+    ``op_classes`` counts instruction classes per element; ``compute_dtype`` is the dtype the
+    Vector unit computes in.
+    """
+
+    read_elements: float
+    write_elements: float
+    op_classes: dict[str, float]
+    compute_dtype: str | None = None
+
+
+#: Per-op instruction mixes. Counts of instruction classes per element, from the operators'
+#: arithmetic (e.g. RmsNorm: square, reduce, scale by rsqrt, multiply by weight).
+VECTOR_PROFILES: dict[str, VectorProfile] = {
+    "Add": VectorProfile(2, 1, {"add": 1}),
+    "Mul": VectorProfile(2, 1, {"mul": 1}),
+    "Cast": VectorProfile(1, 1, {"cast": 1}),
+    "SiLU": VectorProfile(1, 1, {"exp": 1, "add": 1, "div": 1, "mul": 1}, "fp32"),
+    "SiLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 2, "div": 1, "mul": 3}, "fp32"),
+    "GeLU": VectorProfile(1, 1, {"exp": 1, "add": 2, "div": 1, "mul": 4}, "fp32"),
+    "GeLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 3, "div": 1, "mul": 6}, "fp32"),
+    "Softmax": VectorProfile(1, 1, {"max": 1, "add": 1, "exp": 1, "reduce": 1, "div": 1}, "fp32"),
+    "SoftmaxGrad": VectorProfile(2, 1, {"mul": 2, "reduce": 1, "add": 1}, "fp32"),
+    "RmsNorm": VectorProfile(1, 1, {"mul": 3, "reduce": 1}, "fp32"),
+    "RmsNormGrad": VectorProfile(2, 1, {"mul": 6, "reduce": 2, "add": 2}, "fp32"),
+    "LayerNorm": VectorProfile(1, 1, {"add": 3, "mul": 3, "reduce": 2}, "fp32"),
+    "LayerNormGrad": VectorProfile(2, 1, {"add": 4, "mul": 7, "reduce": 3}, "fp32"),
+    "RotaryPositionEmbedding": VectorProfile(1, 1, {"mul": 2, "add": 1}, "fp32"),
+    # Cross entropy over logits: softmax then pick the label; grad rewrites the logits.
+    "CrossEntropy": VectorProfile(1, 0, {"max": 1, "add": 1, "exp": 1, "reduce": 2}, "fp32"),
+    "CrossEntropyGrad": VectorProfile(1, 1, {"exp": 1, "div": 1, "add": 1}, "fp32"),
+    # AdamW on fp32 master weights: reads param, grad, m, v; writes param, m, v and the fp16
+    # copy. Elements counted in fp32 words.
+    "ApplyAdamW": VectorProfile(4, 3.5, {"mul": 7, "add": 4, "sqrt": 1, "div": 1}, "fp32"),
+}
+
+
+def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """Element-wise and row-wise Vector unit operators (see :data:`VECTOR_PROFILES`).
+
+    ``spec.shapes[0]`` is the main input; it is streamed through the Unified Buffer in chunks,
+    double-buffered, over the Vector units.
+    """
+    prof = VECTOR_PROFILES[spec.op_type]
+    elements = _numel(spec.shapes[0])
+    elt = DTYPE_BYTES[spec.dtype]
+    compute_dtype = prof.compute_dtype or spec.dtype
+    if compute_dtype == "fp32" and spec.dtype not in ("fp16", "bf16", "fp32"):
+        compute_dtype = spec.dtype
+    bytes_per_element = (prof.read_elements + prof.write_elements) * elt
+    chunk_elements = max(1, int(hw.memory.unified_buffer_bytes_per_core // (bytes_per_element * DOUBLE_BUFFER_STAGES)))
+    chunks = _ceil_div(elements, chunk_elements)
+    cores = hw.ai_core.vector_core_count
+    block_dim = min(cores, chunks)
+    chunks_per_core = _ceil_div(chunks, block_dim)
+    elements_per_block = min(elements, chunks_per_core * chunk_elements)
+    total_bytes = elements * bytes_per_element
+    transfers_per_chunk = math.ceil(prof.read_elements) + math.ceil(prof.write_elements)
+    kernel = _Kernel(
+        block_dim=block_dim,
+        cube_s_per_block=0.0,
+        vector_s_per_block=_vector_s(elements_per_block, prof.op_classes, compute_dtype, hw),
+        hbm_bytes=total_bytes,
+        l2_bytes=0.0,
+        dma_per_block=chunks_per_core * transfers_per_chunk,
+        stages=DOUBLE_BUFFER_STAGES,
+        iterations=chunks_per_core,
+        flop=elements * sum(prof.op_classes.values()),
+    )
+    return _run_kernel(kernel, hw, cores)
+
+
+def embedding_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """Embedding lookup (Ascend GatherV2): one DMA per looked-up row.
+
+    Shapes: ids (tokens,), table (vocab, hidden). ``EmbeddingDenseGrad`` scatters the rows
+    back (read grad rows, read-modify-write table rows).
+    """
+    (tokens,), (_, hidden) = spec.shapes
+    elt = DTYPE_BYTES[spec.dtype]
+    grad = spec.op_type == "EmbeddingDenseGrad"
+    row_bytes = hidden * elt
+    cores = hw.ai_core.vector_core_count
+    block_dim = min(cores, tokens)
+    rows_per_core = _ceil_div(tokens, block_dim)
+    moves = 3 if grad else 2
+    kernel = _Kernel(
+        block_dim=block_dim,
+        cube_s_per_block=0.0,
+        vector_s_per_block=_vector_s(rows_per_core * hidden, {"add": 1 if grad else 0}, "fp32", hw),
+        hbm_bytes=tokens * row_bytes * moves + tokens * DTYPE_BYTES["int32"],
+        l2_bytes=0.0,
+        dma_per_block=rows_per_core * moves,
+        stages=DOUBLE_BUFFER_STAGES,
+        iterations=rows_per_core,
+        flop=float(tokens * hidden if grad else 0),
+    )
+    return _run_kernel(kernel, hw, cores)
+
+
+# --------------------------------------------------------------------------------------
+# Collectives (HCCL)
+
+
+def _ring_time_s(
+    group_size: int, bytes_per_rank_step: float, steps_factor: int, bw: float, latency_s: float
+) -> float:
+    steps = steps_factor * (group_size - 1)
+    return steps * (latency_s + bytes_per_rank_step / bw)
+
+
+def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """HCCL collectives in the latency / bandwidth / reduction (alpha-beta-gamma) form.
+
+    ``spec.shapes[0]`` is the local tensor (the input for AllReduce and ReduceScatter, the
+    output for AllGather); attribute ``ranks`` is the tuple of global ranks in the group.
+
+    Algorithms: inside one full HCCS mesh, Mesh (every card talks to every other card at
+    once); across the HCCS groups of one server, hierarchical (Mesh inside each group, Ring
+    over PCIe between groups); across servers, Ring over RoCE between servers.
+    """
+    ranks: tuple[int, ...] = spec.attr("ranks")
+    p = len(ranks)
+    elt = DTYPE_BYTES[spec.dtype]
+    nbytes = _numel(spec.shapes[0]) * elt
+    ic = hw.interconnect
+    eff = ic.link_efficiency_frac
+    kind = spec.op_type
+    # Number of data passes: AllReduce = ReduceScatter + AllGather.
+    passes = 2 if kind == "AllReduce" else 1
+    reduces = kind in ("AllReduce", "ReduceScatter")
+    if p == 1:
+        # A one-rank group moves nothing; the call still pays the launch floor.
+        launch_s = hw.launch.kernel_launch_latency_s
+        return OpCost(launch_s, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0.0, 0.0, 1,
+                      CommCost(int(nbytes), "none", 1, nbytes / launch_s, 0.0))
+    groups = {r // ic.hccs_group_size for r in ranks}
+    servers = {r // ic.cards_per_server for r in ranks}
+    if len(servers) > 1:
+        algorithm = "ring-roce"
+        comm_s = _ring_time_s(len(servers), nbytes / len(servers), passes, ic.roce_bandwidth_bytes_per_s * eff, ic.roce_latency_s)
+        per_server = p // len(servers)
+        if per_server > 1:
+            algorithm = "hierarchical-roce"
+            comm_s += passes * (ic.hccs_link_latency_s + (nbytes / per_server) / (ic.hccs_link_bandwidth_bytes_per_s * eff))
+    elif len(groups) == 1:
+        algorithm = "mesh"
+        # Each card sends 1/p of the data to each of the p-1 others, all links at once.
+        comm_s = passes * (ic.hccs_link_latency_s + (nbytes / p) / (ic.hccs_link_bandwidth_bytes_per_s * eff))
+    else:
+        per_group = p // len(groups)
+        pcie_bw = ic.pcie_bandwidth_bytes_per_s * eff
+        if per_group == 1:
+            algorithm = "ring-pcie"
+            comm_s = _ring_time_s(p, nbytes / p, passes, pcie_bw, ic.pcie_latency_s)
+        else:
+            algorithm = "hierarchical-mesh-ring"
+            intra = passes * (ic.hccs_link_latency_s + (nbytes / per_group) / (ic.hccs_link_bandwidth_bytes_per_s * eff))
+            shard = nbytes / per_group
+            inter = _ring_time_s(len(groups), shard / len(groups), passes, pcie_bw, ic.pcie_latency_s)
+            comm_s = intra + inter
+    # Reduction (gamma term): the Vector units add (p-1)/p of the data.
+    reduce_s = 0.0
+    if reduces:
+        reduce_s = _vector_s((p - 1) / p * _numel(spec.shapes[0]), {"add": 1}, spec.dtype if spec.dtype in hw.vector_unit.ops_per_cycle_per_core else "fp32", hw) / hw.ai_core.vector_core_count
+    duration_s = hw.launch.kernel_launch_latency_s + comm_s + reduce_s
+    algbw = nbytes / duration_s
+    bus_factor = {"AllReduce": 2 * (p - 1) / p}.get(kind, (p - 1) / p)
+    return OpCost(
+        duration_s=duration_s,
+        flop=float(_numel(spec.shapes[0]) * (p - 1) / p) if reduces else 0.0,
+        hbm_bytes=float(nbytes * passes * 2),
+        l2_bytes=0.0,
+        block_dim=0,
+        dma_count=passes * (p - 1),
+        ai_core_util_frac=0.0,
+        mac_ratio=0.0,
+        vec_ratio=0.0,
+        mte2_ratio=0.0,
+        comm=CommCost(int(nbytes), algorithm, p, algbw, algbw * bus_factor),
+    )
+
+
+CostModel = Callable[[OpSpec, HardwareSpec], OpCost]
+
+#: One registry keyed by op type.
+COST_MODELS: dict[str, CostModel] = {
+    "MatMul": matmul_cost,
+    "BatchMatMul": matmul_cost,
+    "FlashAttention": flash_attention_cost,
+    "FlashAttentionGrad": flash_attention_grad_cost,
+    "Embedding": embedding_cost,
+    "EmbeddingDenseGrad": embedding_cost,
+    "AllReduce": collective_cost,
+    "AllGather": collective_cost,
+    "ReduceScatter": collective_cost,
+    **{op_type: vector_cost for op_type in VECTOR_PROFILES},
+}
+
+
+def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """Cost of ``spec`` on ``hw`` through :data:`COST_MODELS`.
+
+    Raises:
+        KeyError: no cost model for ``spec.op_type``.
+    """
+    try:
+        model = COST_MODELS[spec.op_type]
+    except KeyError:
+        raise KeyError(f"no cost model for op type {spec.op_type!r}") from None
+    return model(spec, hw)

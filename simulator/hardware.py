@@ -1,0 +1,145 @@
+"""Hardware as data: frozen pydantic models loaded from ``simulator/hardware/*.json``.
+
+No hardware figure appears in Python code; every group in the JSON files names its
+``source`` and says which values are estimates.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class _Group(BaseModel):
+    model_config = _STRICT
+    source: str = Field(min_length=1, description="Where these figures come from")
+
+
+class AICoreSpec(_Group):
+    count: PositiveInt = Field(description="AI Cores (Cube units) per chip")
+    vector_core_count: PositiveInt = Field(description="Vector units per chip")
+    clock_hz: PositiveFloat
+
+
+class CubeUnitSpec(_Group):
+    macs_per_cycle_per_core: dict[str, PositiveInt] = Field(
+        description="Multiply-accumulates per cycle per Cube unit, by input dtype"
+    )
+    fractal_m: PositiveInt = Field(description="Cube fractal rows (16 on DaVinci)")
+    fractal_k: PositiveInt
+    fractal_n: PositiveInt
+    efficiency_frac: float = Field(gt=0, le=1, description="Attainable share of peak (estimate)")
+
+
+class VectorUnitSpec(_Group):
+    ops_per_cycle_per_core: dict[str, PositiveInt] = Field(
+        description="Element operations per cycle per Vector unit, by dtype"
+    )
+    cycles_per_op_class: dict[str, PositiveFloat] = Field(
+        description="Relative cycles per element of each instruction class (add = 1)"
+    )
+
+
+class MemorySpec(_Group):
+    hbm_capacity_bytes: PositiveInt
+    hbm_bandwidth_bytes_per_s: PositiveFloat
+    hbm_efficiency_frac: float = Field(gt=0, le=1)
+    l2_bytes: PositiveInt
+    l2_bandwidth_bytes_per_s: PositiveFloat
+    l1_bytes_per_core: PositiveInt
+    l0a_bytes_per_core: PositiveInt
+    l0b_bytes_per_core: PositiveInt
+    l0c_bytes_per_core: PositiveInt
+    unified_buffer_bytes_per_core: PositiveInt
+
+
+class DmaSpec(_Group):
+    mte_startup_latency_s: PositiveFloat = Field(description="Fixed cost of one MTE transfer")
+    min_efficient_transfer_bytes: PositiveInt
+
+
+class LaunchSpec(_Group):
+    kernel_launch_latency_s: PositiveFloat = Field(description="Host-to-device launch floor")
+
+
+class InterconnectSpec(_Group):
+    cards_per_server: PositiveInt
+    hccs_group_size: PositiveInt = Field(description="Cards in one full HCCS mesh")
+    hccs_link_bandwidth_bytes_per_s: PositiveFloat = Field(description="One direction, one link")
+    hccs_link_latency_s: PositiveFloat
+    pcie_bandwidth_bytes_per_s: PositiveFloat = Field(description="Between HCCS groups")
+    pcie_latency_s: PositiveFloat
+    roce_bandwidth_bytes_per_s: PositiveFloat = Field(description="Per card, between servers")
+    roce_latency_s: PositiveFloat
+    link_efficiency_frac: float = Field(gt=0, le=1)
+
+
+class HardwareSpec(BaseModel):
+    """One NPU model and the server it sits in. All values SI (bytes, seconds, hertz)."""
+
+    model_config = _STRICT
+    schema_version: Literal[1]
+    name: str
+    display_name: str
+    ai_core: AICoreSpec
+    cube_unit: CubeUnitSpec
+    vector_unit: VectorUnitSpec
+    memory: MemorySpec
+    dma: DmaSpec
+    launch: LaunchSpec
+    interconnect: InterconnectSpec
+
+    def peak_cube_flop_per_s(self, dtype: str) -> float:
+        """Peak Cube unit rate in FLOP/s (2 FLOP per MAC) for ``dtype``.
+
+        Raises:
+            ValueError: the Cube unit of this hardware has no rate for ``dtype``.
+        """
+        return 2.0 * self.cube_macs_per_cycle(dtype) * self.ai_core.count * self.ai_core.clock_hz
+
+    def cube_macs_per_cycle(self, dtype: str) -> int:
+        try:
+            return self.cube_unit.macs_per_cycle_per_core[dtype]
+        except KeyError:
+            known = ", ".join(sorted(self.cube_unit.macs_per_cycle_per_core))
+            raise ValueError(
+                f"the Cube unit of {self.name} has no {dtype} rate (supported: {known})"
+            ) from None
+
+    def vector_ops_per_cycle(self, dtype: str) -> int:
+        try:
+            return self.vector_unit.ops_per_cycle_per_core[dtype]
+        except KeyError:
+            known = ", ".join(sorted(self.vector_unit.ops_per_cycle_per_core))
+            raise ValueError(
+                f"the Vector unit of {self.name} has no {dtype} rate (supported: {known})"
+            ) from None
+
+
+def _hardware_dir():
+    return resources.files("simulator") / "hardware"
+
+
+def list_hardware() -> list[str]:
+    """Names of the bundled hardware specs, e.g. ``["ascend910", "ascend910b"]``."""
+    return sorted(p.name[: -len(".json")] for p in _hardware_dir().iterdir() if p.name.endswith(".json"))
+
+
+@functools.lru_cache(maxsize=None)
+def load_hardware(name: str) -> HardwareSpec:
+    """Load the bundled spec called ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a bundled hardware spec (the message lists the known ones).
+    """
+    known = list_hardware()
+    if name not in known:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(known)}")
+    text = (_hardware_dir() / f"{name}.json").read_text(encoding="utf-8")
+    return HardwareSpec.model_validate(json.loads(text))

@@ -1,0 +1,251 @@
+"""Llama-2 training steps from the published architecture, Megatron-style parallel layouts.
+
+Architectures from Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat Models"
+(2023), Table 1 and the released model configs (hidden size, FFN size, heads, layers,
+vocabulary 32000; grouped-query attention with 8 KV heads for 70B).
+
+Memory per card follows Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models" (MLSys 2023): activations of ``s * b * h * (10 + 24 / t)`` bytes per
+layer with tensor parallelism ``t`` when FlashAttention removes the ``5 a s / h`` term;
+mixed-precision Adam keeps fp16 weights and gradients plus fp32 master weights, momentum and
+variance (12 bytes per parameter), sharded over data parallelism with ZeRO stage 1
+(Rajbhandari et al., SC 2020).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..runtime import NPU, Tensor
+from ..units import DTYPE_BYTES
+
+_MASTER_STATE_BYTES_PER_PARAM = 3 * DTYPE_BYTES["fp32"]  # fp32 master weight, m, v
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """A Llama-family decoder. Sizes are element counts."""
+
+    name: str
+    hidden_size: int
+    ffn_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    num_layers: int
+    vocab_size: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def param_count(self) -> int:
+        """Parameters: embedding, LM head, per layer attention + SwiGLU MLP + 2 norms, final norm."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * h * 2 + 2 * h * self.num_kv_heads * d
+        mlp = 3 * h * self.ffn_hidden_size
+        return 2 * self.vocab_size * h + self.num_layers * (attn + mlp + 2 * h) + h
+
+
+LLAMA2_7B = LlamaConfig("llama-2-7b", 4096, 11008, 32, 32, 32, 32000)
+LLAMA2_13B = LlamaConfig("llama-2-13b", 5120, 13824, 40, 40, 40, 32000)
+LLAMA2_70B = LlamaConfig("llama-2-70b", 8192, 28672, 64, 8, 80, 32000)
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Megatron-style layout: ``tensor_parallel`` x ``data_parallel`` cards.
+
+    Tensor-parallel groups are consecutive ranks (inside one HCCS group when they fit); data
+    parallel groups take every ``tensor_parallel``-th rank. ``zero_stage`` 1 shards the
+    optimizer state over data parallelism.
+    """
+
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+    zero_stage: int = 1
+
+    def __post_init__(self) -> None:
+        for field_name in ("tensor_parallel", "data_parallel"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ParallelLayout.{field_name} must be a positive integer, got {value!r}")
+        if self.zero_stage not in (0, 1):
+            raise ValueError(f"ParallelLayout.zero_stage must be 0 or 1, got {self.zero_stage!r}")
+
+    @property
+    def devices(self) -> int:
+        return self.tensor_parallel * self.data_parallel
+
+    def tp_ranks(self) -> tuple[int, ...]:
+        return tuple(range(self.tensor_parallel))
+
+    def dp_ranks(self) -> tuple[int, ...]:
+        return tuple(range(0, self.devices, self.tensor_parallel))
+
+    @classmethod
+    def default_for(cls, config: LlamaConfig, devices: int, hccs_group_size: int) -> ParallelLayout:
+        """Tensor parallelism over one HCCS group (or fewer cards), data parallelism across."""
+        tp = 1
+        while (
+            tp * 2 <= min(devices, hccs_group_size)
+            and devices % (tp * 2) == 0
+            and config.num_kv_heads % (tp * 2) == 0
+        ):
+            tp *= 2
+        return cls(tensor_parallel=tp, data_parallel=devices // tp)
+
+
+def memory_per_card_bytes(config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int) -> int:
+    """Estimated HBM bytes one card needs for a training step (see the module docstring)."""
+    t, dp = layout.tensor_parallel, layout.data_parallel
+    params = config.param_count / t
+    weights_and_grads = params * 2 * DTYPE_BYTES["fp16"]
+    shard = dp if layout.zero_stage >= 1 else 1
+    optimizer = params * _MASTER_STATE_BYTES_PER_PARAM / shard
+    h = config.hidden_size
+    activations = config.num_layers * seq_len * batch_size * h * (10 + 24 / t)
+    logits = seq_len * batch_size * config.vocab_size / t * (DTYPE_BYTES["fp16"] + DTYPE_BYTES["fp32"])
+    return int(weights_and_grads + optimizer + activations + logits)
+
+
+def training_step(
+    npu: NPU,
+    config: LlamaConfig = LLAMA2_7B,
+    *,
+    batch_size: int = 1,
+    seq_len: int = 2048,
+    layout: ParallelLayout | None = None,
+    block_size: int = 128,
+    pipeline_stages: int = 2,
+    fusion: bool = True,
+    dtype: str = "fp16",
+) -> None:
+    """One training step (forward, backward, AdamW) of ``config`` on rank 0 of ``npu.devices``.
+
+    ``batch_size`` is the micro-batch per data-parallel replica; ``seq_len`` tokens per sample.
+    FlashAttention options pass through to every attention layer.
+
+    Raises:
+        ValueError: the layout does not match ``npu.devices``, does not divide the heads, or the
+            step does not fit in one card's HBM (the message gives both sizes).
+    """
+    hw = npu.hardware
+    if layout is None:
+        layout = ParallelLayout.default_for(config, npu.devices, hw.interconnect.hccs_group_size)
+    if layout.devices != npu.devices:
+        raise ValueError(
+            f"{config.name}: layout tp={layout.tensor_parallel} x dp={layout.data_parallel} "
+            f"needs {layout.devices} cards, the job has {npu.devices}"
+        )
+    t = layout.tensor_parallel
+    if config.num_kv_heads % t or config.ffn_hidden_size % t or config.vocab_size % t:
+        raise ValueError(f"{config.name}: tensor_parallel={t} must divide kv heads, FFN size and vocabulary")
+    need = memory_per_card_bytes(config, layout, batch_size, seq_len)
+    if need > hw.memory.hbm_capacity_bytes:
+        raise ValueError(
+            f"{config.name}: batch_size={batch_size}, seq_len={seq_len} with tp={t}, "
+            f"dp={layout.data_parallel} needs about {need / 2**30:.1f} GiB per card; "
+            f"{hw.name} has {hw.memory.hbm_capacity_bytes / 2**30:.1f} GiB"
+        )
+    npu.set_tokens_per_step(batch_size * seq_len * layout.data_parallel)
+    tp_ranks = layout.tp_ranks()
+
+    h, d = config.hidden_size, config.head_dim
+    heads, kv_heads = config.num_heads // t, config.num_kv_heads // t
+    ffn, vocab = config.ffn_hidden_size // t, config.vocab_size // t
+    tokens = batch_size * seq_len
+    qkv_width = (heads + 2 * kv_heads) * d
+    fa = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True}
+
+    def w(*shape: int) -> Tensor:
+        return Tensor(shape, dtype)
+
+    x = Tensor((tokens, h), dtype)
+    norm_w = w(h)
+    w_qkv, w_o = w(h, qkv_width), w(heads * d, h)
+    w_gate_up, w_down = w(h, 2 * ffn), w(ffn, h)
+    q = Tensor((batch_size, heads, seq_len, d), dtype)
+    kv = Tensor((batch_size, kv_heads, seq_len, d), dtype)
+    table = w(vocab, h)
+    ids = Tensor((tokens,), "int32")
+    tp_reduce = t > 1
+
+    # ---- forward
+    npu.embedding(ids, table, name="embed_tokens")
+    if tp_reduce:
+        npu.all_reduce(x, ranks=tp_ranks, name="embed_tokens.tp_allreduce")
+    for layer in range(config.num_layers):
+        p = f"layers.{layer}"
+        npu.rms_norm(x, norm_w, name=f"{p}.input_layernorm")
+        npu.matmul(x, w_qkv, name=f"{p}.attn.qkv_proj")
+        npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary")
+        npu.flash_attention(q, kv, kv, name=f"{p}.attn.core", **fa)
+        npu.matmul(Tensor((tokens, heads * d), dtype), w_o, name=f"{p}.attn.o_proj")
+        if tp_reduce:
+            npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.tp_allreduce")
+        npu.add(x, x, name=f"{p}.attn.residual")
+        npu.rms_norm(x, norm_w, name=f"{p}.post_attention_layernorm")
+        npu.matmul(x, w_gate_up, name=f"{p}.mlp.gate_up_proj")
+        act = Tensor((tokens, ffn), dtype)
+        npu.silu(act, name=f"{p}.mlp.act")
+        npu.mul(act, act, name=f"{p}.mlp.gate_mul")
+        npu.matmul(act, w_down, name=f"{p}.mlp.down_proj")
+        if tp_reduce:
+            npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.tp_allreduce")
+        npu.add(x, x, name=f"{p}.mlp.residual")
+    npu.rms_norm(x, norm_w, name="final_norm")
+    logits = npu.matmul(x, w(h, vocab), name="lm_head")
+    npu.cross_entropy(logits, name="loss")
+    if tp_reduce:
+        row_stats = Tensor((tokens,), "fp32")
+        npu.all_reduce(row_stats, ranks=tp_ranks, name="loss.tp_allreduce_max")
+        npu.all_reduce(row_stats, ranks=tp_ranks, name="loss.tp_allreduce_sum")
+
+    # ---- backward
+    dlogits = npu.cross_entropy_grad(logits, name="loss.grad")
+    npu.matmul(dlogits, w(h, vocab), transpose_b=True, name="lm_head.grad_input")
+    npu.matmul(x, dlogits, transpose_a=True, name="lm_head.grad_weight")
+    if tp_reduce:
+        npu.all_reduce(x, ranks=tp_ranks, name="lm_head.grad_input.tp_allreduce")
+    npu.rms_norm_grad(x, x, norm_w, name="final_norm.grad")
+    qkv_grad = Tensor((tokens, qkv_width), dtype)
+    gate_up_grad = Tensor((tokens, 2 * ffn), dtype)
+    attn_out = Tensor((tokens, heads * d), dtype)
+    for layer in reversed(range(config.num_layers)):
+        p = f"layers.{layer}"
+        npu.matmul(x, w_down, transpose_b=True, name=f"{p}.mlp.down_proj.grad_input")
+        npu.matmul(act, x, transpose_a=True, name=f"{p}.mlp.down_proj.grad_weight")
+        npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_gate")
+        npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_up")
+        npu.silu_grad(act, act, name=f"{p}.mlp.act.grad")
+        npu.matmul(gate_up_grad, w_gate_up, transpose_b=True, name=f"{p}.mlp.gate_up_proj.grad_input")
+        npu.matmul(x, gate_up_grad, transpose_a=True, name=f"{p}.mlp.gate_up_proj.grad_weight")
+        if tp_reduce:
+            npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.grad_tp_allreduce")
+        npu.rms_norm_grad(x, x, norm_w, name=f"{p}.post_attention_layernorm.grad")
+        npu.add(x, x, name=f"{p}.mlp.residual.grad")
+        npu.matmul(x, w_o, transpose_b=True, name=f"{p}.attn.o_proj.grad_input")
+        npu.matmul(attn_out, x, transpose_a=True, name=f"{p}.attn.o_proj.grad_weight")
+        npu.flash_attention_grad(q, kv, kv, q, name=f"{p}.attn.core.grad", **fa)
+        npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
+        npu.matmul(qkv_grad, w_qkv, transpose_b=True, name=f"{p}.attn.qkv_proj.grad_input")
+        npu.matmul(x, qkv_grad, transpose_a=True, name=f"{p}.attn.qkv_proj.grad_weight")
+        if tp_reduce:
+            npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.grad_tp_allreduce")
+        npu.rms_norm_grad(x, x, norm_w, name=f"{p}.input_layernorm.grad")
+        npu.add(x, x, name=f"{p}.attn.residual.grad")
+    npu.embedding_grad(x, ids, table, name="embed_tokens.grad")
+
+    # ---- optimizer: ZeRO-1 over data parallelism
+    params_local = config.param_count // t
+    dp = layout.data_parallel
+    if dp > 1 and layout.zero_stage >= 1:
+        padded = -(-params_local // dp) * dp
+        npu.reduce_scatter(Tensor((padded,), dtype), ranks=layout.dp_ranks(), name="grads.dp_reduce_scatter")
+        npu.adamw(padded // dp, name="optimizer.adamw")
+        npu.all_gather(Tensor((padded // dp,), dtype), ranks=layout.dp_ranks(), name="params.dp_all_gather")
+    else:
+        if dp > 1:
+            npu.all_reduce(Tensor((params_local,), dtype), ranks=layout.dp_ranks(), name="grads.dp_allreduce")
+        npu.adamw(params_local, name="optimizer.adamw")

@@ -1,0 +1,500 @@
+"""The eager runtime: a simulated NPU that workloads call like torch_npu code calls kernels.
+
+A workload is a plain function ``workload(npu, *args, **kwargs)``. Each operator call builds
+an :class:`~simulator.costs.OpSpec`, costs it through :func:`~simulator.costs.op_cost`, and
+appends an op record to the device timeline. Tensors carry shape and dtype only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from . import __version__ as SIMULATOR_VERSION
+from .costs import OpCost, OpSpec, op_cost
+from .hardware import HardwareSpec, load_hardware
+from .profile import CommInfo, OpRecord, Profile
+from .units import DTYPE_BYTES
+
+_RUNTIME_FILE = os.path.normcase(os.path.abspath(__file__))
+
+
+class ShapeError(ValueError):
+    """An operator was called with shapes or arguments it cannot work with."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """A device tensor: shape (elements per axis) and dtype name; no data."""
+
+    shape: tuple[int, ...]
+    dtype: str = "fp16"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES[self.dtype]
+
+    def __repr__(self) -> str:
+        return f"Tensor({list(self.shape)}, {self.dtype})"
+
+
+def _check_shape(op: str, shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{op}: shape {shape!r} is not a sequence of integers") from None
+    if any(d != s for d, s in zip(dims, shape)) or any(d <= 0 for d in dims):
+        raise ShapeError(f"{op}: shape {list(shape)} must hold positive integers")
+    return dims
+
+
+def _check_dtype(op: str, dtype: str) -> str:
+    if dtype not in DTYPE_BYTES:
+        raise ShapeError(f"{op}: unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
+    return dtype
+
+
+def _call_site() -> str | None:
+    """``file:line`` of the first frame outside this module (the user's call)."""
+    frame = sys._getframe(2)
+    while frame is not None and os.path.normcase(frame.f_code.co_filename) == _RUNTIME_FILE:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+class NPU:
+    """One simulated Ascend card of a ``devices``-card job (this card is rank 0).
+
+    Operators return new :class:`Tensor` objects and advance the device clock by their cost.
+
+    Args:
+        hardware: the spec of the card.
+        devices: number of cards in the job; collectives default to all of them.
+        op_time_scale: fault injection for testing gates: multiply the duration of the named
+            op types (e.g. ``{"FlashAttention": 1.05}``). Factors must be positive.
+    """
+
+    def __init__(
+        self,
+        hardware: HardwareSpec,
+        devices: int = 1,
+        op_time_scale: dict[str, float] | None = None,
+    ) -> None:
+        if not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices must be a positive integer, got {devices!r}")
+        self.hardware = hardware
+        self.devices = devices
+        self.rank = 0
+        self._scale = dict(op_time_scale or {})
+        for op_type, factor in self._scale.items():
+            if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+                raise ValueError(f"op_time_scale[{op_type!r}] must be a positive number, got {factor!r}")
+        self._records: list[OpRecord] = []
+        self._cost_cache: dict[OpSpec, OpCost] = {}
+        self._clock_s = 0.0
+        self._step = 0
+        self.tokens_per_step: int | None = None
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def set_tokens_per_step(self, tokens: int) -> None:
+        """Declare how many tokens one step processes (for tokens/s in reports)."""
+        if not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"tokens per step must be a positive integer, got {tokens!r}")
+        self.tokens_per_step = tokens
+
+    def tensor(self, shape: Sequence[int], dtype: str = "fp16") -> Tensor:
+        """A tensor of ``shape`` and ``dtype`` already on the device."""
+        return Tensor(_check_shape("tensor", shape), _check_dtype("tensor", dtype))
+
+    def _emit(
+        self,
+        op_type: str,
+        inputs: Sequence[Tensor],
+        dtype: str,
+        name: str | None,
+        attrs: dict[str, object] | None = None,
+        stream: str = "compute",
+    ) -> OpCost:
+        attr_items = tuple(sorted((attrs or {}).items()))
+        spec = OpSpec(op_type, tuple(t.shape for t in inputs), dtype, attr_items)
+        cost = self._cost_cache.get(spec)
+        if cost is None:
+            cost = op_cost(spec, self.hardware)
+            self._cost_cache[spec] = cost
+        scale = self._scale.get(op_type, 1.0)
+        duration_s = cost.duration_s * scale
+        hbm_util = (
+            cost.hbm_bytes / duration_s / self.hardware.memory.hbm_bandwidth_bytes_per_s
+            if duration_s > 0 and stream == "compute"
+            else 0.0
+        )
+        comm = None
+        if cost.comm is not None:
+            comm = CommInfo.model_construct(
+                bytes=cost.comm.bytes,
+                algorithm=cost.comm.algorithm,
+                group_size=cost.comm.group_size,
+                algbw_bytes_per_s=cost.comm.algbw_bytes_per_s,
+                busbw_bytes_per_s=cost.comm.busbw_bytes_per_s,
+            )
+        record = OpRecord.model_construct(
+            op_type=op_type,
+            name=name or op_type,
+            step=self._step,
+            stream=stream,
+            start_s=self._clock_s,
+            duration_s=duration_s,
+            flop=cost.flop,
+            hbm_bytes=cost.hbm_bytes,
+            l2_bytes=cost.l2_bytes,
+            block_dim=cost.block_dim,
+            dma_count=cost.dma_count,
+            ai_core_util_frac=cost.ai_core_util_frac / scale,
+            hbm_bandwidth_util_frac=hbm_util,
+            mac_ratio=cost.mac_ratio / scale,
+            vec_ratio=cost.vec_ratio / scale,
+            mte2_ratio=cost.mte2_ratio / scale,
+            input_shapes=[list(t.shape) for t in inputs],
+            dtype=dtype,
+            attrs={k: v for k, v in attr_items if isinstance(v, (bool, int, float, str))},
+            source=_call_site(),
+            comm=comm,
+        )
+        self._records.append(record)
+        self._clock_s += duration_s
+        return cost
+
+    # -- Cube unit ---------------------------------------------------------------------------
+
+    def matmul(
+        self,
+        a: Tensor,
+        b: Tensor,
+        *,
+        transpose_a: bool = False,
+        transpose_b: bool = False,
+        name: str | None = None,
+    ) -> Tensor:
+        """Matrix product on the Cube unit; batched over leading dimensions.
+
+        Shapes: ``a`` (..., M, K), ``b`` (..., K, N) or (K, N) (broadcast); with the transpose
+        flags, the last two axes of that operand are swapped first. Returns (..., M, N).
+        2-D products are op type ``MatMul``, batched ones ``BatchMatMul``.
+
+        Raises:
+            ShapeError: fewer than 2 dimensions, inner dimensions differ, batch mismatch,
+                or dtypes differ.
+        """
+        for t, label in ((a, "a"), (b, "b")):
+            if len(t.shape) < 2:
+                raise ShapeError(f"matmul: {label} must have at least 2 dimensions, got {list(t.shape)}")
+        if a.dtype != b.dtype:
+            raise ShapeError(f"matmul: dtypes differ: a is {a.dtype}, b is {b.dtype}")
+        m, k = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
+        kb, n = (b.shape[-1], b.shape[-2]) if transpose_b else (b.shape[-2], b.shape[-1])
+        if k != kb:
+            raise ShapeError(
+                f"matmul: inner dimensions differ: a {list(a.shape)} and b {list(b.shape)} "
+                f"(K={k} vs {kb})"
+            )
+        batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+        if batch_b and batch_b != batch_a:
+            raise ShapeError(
+                f"matmul: batch dimensions differ: a {list(a.shape)} and b {list(b.shape)}"
+            )
+        batch = math.prod(batch_a)
+        op_type = "BatchMatMul" if batch_a else "MatMul"
+        spec_a = Tensor((batch, m, k), a.dtype)
+        spec_b = Tensor((batch, k, n), b.dtype)
+        self._emit(op_type, (spec_a, spec_b), a.dtype, name)
+        return Tensor((*batch_a, m, n), a.dtype)
+
+    def flash_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        block_size: int = 128,
+        pipeline_stages: int = 2,
+        fusion: bool = True,
+        causal: bool = False,
+        name: str | None = None,
+    ) -> Tensor:
+        """Fused attention (op type ``FlashAttention``): softmax(Q Kᵀ / sqrt(D)) V.
+
+        Shapes: q (B, H, S_q, D); k and v (B, H_kv, S_kv, D) with H divisible by H_kv
+        (grouped-query attention). Returns (B, H, S_q, D).
+
+        Raises:
+            ShapeError: wrong ranks or mismatched dimensions, or a non-positive
+                ``block_size`` / ``pipeline_stages``.
+            ValueError: the blocks in flight do not fit in an AI Core's L1.
+        """
+        self._check_attention("flash_attention", q, k, v, block_size, pipeline_stages)
+        attrs = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": bool(fusion), "causal": bool(causal)}
+        self._emit("FlashAttention", (q, k, v), q.dtype, name, attrs)
+        return Tensor(q.shape, q.dtype)
+
+    def flash_attention_grad(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        dout: Tensor,
+        *,
+        block_size: int = 128,
+        pipeline_stages: int = 2,
+        fusion: bool = True,
+        causal: bool = False,
+        name: str | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Backward of :meth:`flash_attention` (op type ``FlashAttentionGrad``).
+
+        Shapes as the forward; ``dout`` has q's shape. Returns (dq, dk, dv).
+        """
+        self._check_attention("flash_attention_grad", q, k, v, block_size, pipeline_stages)
+        if dout.shape != q.shape:
+            raise ShapeError(f"flash_attention_grad: dout {list(dout.shape)} must match q {list(q.shape)}")
+        attrs = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": bool(fusion), "causal": bool(causal)}
+        self._emit("FlashAttentionGrad", (q, k, v, dout), q.dtype, name, attrs)
+        return Tensor(q.shape, q.dtype), Tensor(k.shape, k.dtype), Tensor(v.shape, v.dtype)
+
+    @staticmethod
+    def _check_attention(op: str, q: Tensor, k: Tensor, v: Tensor, block_size: int, stages: int) -> None:
+        for t, label in ((q, "q"), (k, "k"), (v, "v")):
+            if len(t.shape) != 4:
+                raise ShapeError(f"{op}: {label} must be (B, H, S, D), got {list(t.shape)}")
+        if k.shape != v.shape:
+            raise ShapeError(f"{op}: k {list(k.shape)} and v {list(v.shape)} must match")
+        if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+            raise ShapeError(f"{op}: batch and head_dim of q {list(q.shape)} and k {list(k.shape)} must match")
+        if q.shape[1] % k.shape[1]:
+            raise ShapeError(f"{op}: q heads ({q.shape[1]}) must be a multiple of k/v heads ({k.shape[1]})")
+        if len({q.dtype, k.dtype, v.dtype}) != 1:
+            raise ShapeError(f"{op}: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+        if not isinstance(block_size, int) or block_size < 16 or block_size % 16:
+            raise ShapeError(f"{op}: block_size must be a positive multiple of 16, got {block_size!r}")
+        if not isinstance(stages, int) or stages < 1:
+            raise ShapeError(f"{op}: pipeline_stages must be a positive integer, got {stages!r}")
+
+    # -- Vector unit ---------------------------------------------------------------------------
+
+    def _elementwise(self, op_type: str, x: Tensor, *others: Tensor, name: str | None) -> Tensor:
+        for other in others:
+            if other.shape != x.shape and math.prod(other.shape) != x.shape[-1]:
+                raise ShapeError(
+                    f"{op_type}: shapes {list(x.shape)} and {list(other.shape)} do not broadcast"
+                )
+        self._emit(op_type, (x, *others), x.dtype, name)
+        return Tensor(x.shape, x.dtype)
+
+    def add(self, a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
+        """a + b (op type ``Add``); b may be a's shape or its last axis."""
+        return self._elementwise("Add", a, b, name=name)
+
+    def mul(self, a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
+        """a * b (op type ``Mul``); b may be a's shape or its last axis."""
+        return self._elementwise("Mul", a, b, name=name)
+
+    def silu(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """x * sigmoid(x) (op type ``SiLU``)."""
+        return self._elementwise("SiLU", x, name=name)
+
+    def silu_grad(self, dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`silu` (op type ``SiLUGrad``)."""
+        return self._elementwise("SiLUGrad", dy, x, name=name)
+
+    def gelu(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """GeLU, tanh approximation (op type ``GeLU``)."""
+        return self._elementwise("GeLU", x, name=name)
+
+    def gelu_grad(self, dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`gelu` (op type ``GeLUGrad``)."""
+        return self._elementwise("GeLUGrad", dy, x, name=name)
+
+    def softmax(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Softmax over the last axis (op type ``Softmax``)."""
+        return self._elementwise("Softmax", x, name=name)
+
+    def softmax_grad(self, dy: Tensor, y: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`softmax` (op type ``SoftmaxGrad``)."""
+        return self._elementwise("SoftmaxGrad", dy, y, name=name)
+
+    def rotary_embedding(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Rotary position embedding applied to q or k (op type ``RotaryPositionEmbedding``)."""
+        return self._elementwise("RotaryPositionEmbedding", x, name=name)
+
+    def cast(self, x: Tensor, dtype: str, *, name: str | None = None) -> Tensor:
+        """Convert to ``dtype`` (op type ``Cast``)."""
+        _check_dtype("cast", dtype)
+        self._emit("Cast", (x,), x.dtype, name, {"to": dtype})
+        return Tensor(x.shape, dtype)
+
+    def _norm(self, op_type: str, x: Tensor, params: Sequence[Tensor], name: str | None) -> Tensor:
+        for p in params:
+            if p.shape != (x.shape[-1],):
+                raise ShapeError(
+                    f"{op_type}: parameter shape {list(p.shape)} must be ({x.shape[-1]},) for input {list(x.shape)}"
+                )
+        self._emit(op_type, (x, *params), x.dtype, name)
+        return Tensor(x.shape, x.dtype)
+
+    def rms_norm(self, x: Tensor, weight: Tensor, *, name: str | None = None) -> Tensor:
+        """RMS normalisation over the last axis (op type ``RmsNorm``). weight: (hidden,)."""
+        return self._norm("RmsNorm", x, (weight,), name)
+
+    def rms_norm_grad(self, dy: Tensor, x: Tensor, weight: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`rms_norm` (op type ``RmsNormGrad``); returns dx."""
+        if dy.shape != x.shape:
+            raise ShapeError(f"RmsNormGrad: dy {list(dy.shape)} must match x {list(x.shape)}")
+        return self._norm("RmsNormGrad", dy, (weight,), name)
+
+    def layer_norm(self, x: Tensor, weight: Tensor, bias: Tensor, *, name: str | None = None) -> Tensor:
+        """Layer normalisation over the last axis (op type ``LayerNorm``)."""
+        return self._norm("LayerNorm", x, (weight, bias), name)
+
+    def layer_norm_grad(self, dy: Tensor, x: Tensor, weight: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`layer_norm` (op type ``LayerNormGrad``); returns dx."""
+        if dy.shape != x.shape:
+            raise ShapeError(f"LayerNormGrad: dy {list(dy.shape)} must match x {list(x.shape)}")
+        return self._norm("LayerNormGrad", dy, (weight,), name)
+
+    def embedding(self, ids: Tensor, table: Tensor, *, name: str | None = None) -> Tensor:
+        """Row lookup (op type ``Embedding``). ids: any shape of int; table: (vocab, hidden)."""
+        if len(table.shape) != 2:
+            raise ShapeError(f"Embedding: table must be (vocab, hidden), got {list(table.shape)}")
+        if ids.dtype not in ("int32", "int64"):
+            raise ShapeError(f"Embedding: ids must be int32 or int64, got {ids.dtype}")
+        self._emit("Embedding", (Tensor((ids.numel,), ids.dtype), table), table.dtype, name)
+        return Tensor((*ids.shape, table.shape[1]), table.dtype)
+
+    def embedding_grad(self, dy: Tensor, ids: Tensor, table: Tensor, *, name: str | None = None) -> Tensor:
+        """Scatter-add of row gradients into the table (op type ``EmbeddingDenseGrad``)."""
+        if dy.shape != (*ids.shape, table.shape[1]):
+            raise ShapeError(f"EmbeddingDenseGrad: dy {list(dy.shape)} must be ids shape + (hidden,)")
+        self._emit("EmbeddingDenseGrad", (Tensor((ids.numel,), ids.dtype), table), table.dtype, name)
+        return Tensor(table.shape, table.dtype)
+
+    def cross_entropy(self, logits: Tensor, *, name: str | None = None) -> Tensor:
+        """Softmax cross entropy over the last axis (op type ``CrossEntropy``); returns the loss."""
+        self._emit("CrossEntropy", (logits,), logits.dtype, name)
+        return Tensor((1,), "fp32")
+
+    def cross_entropy_grad(self, logits: Tensor, *, name: str | None = None) -> Tensor:
+        """Gradient of :meth:`cross_entropy` with respect to the logits (``CrossEntropyGrad``)."""
+        self._emit("CrossEntropyGrad", (logits,), logits.dtype, name)
+        return Tensor(logits.shape, logits.dtype)
+
+    def adamw(self, param_numel: int, *, name: str | None = None) -> None:
+        """AdamW update of ``param_numel`` fp32 master weights (op type ``ApplyAdamW``)."""
+        if not isinstance(param_numel, int) or param_numel < 1:
+            raise ShapeError(f"ApplyAdamW: param_numel must be a positive integer, got {param_numel!r}")
+        self._emit("ApplyAdamW", (Tensor((param_numel,), "fp32"),), "fp32", name)
+
+    # -- HCCL collectives ---------------------------------------------------------------------
+
+    def _group(self, op: str, ranks: Sequence[int] | None) -> tuple[int, ...]:
+        group = tuple(range(self.devices)) if ranks is None else tuple(ranks)
+        if not group or len(set(group)) != len(group) or any(
+            not isinstance(r, int) or r < 0 or r >= self.devices for r in group
+        ):
+            raise ValueError(
+                f"{op}: ranks {list(group)} must be distinct integers in [0, {self.devices})"
+            )
+        if self.rank not in group:
+            raise ValueError(f"{op}: ranks {list(group)} must include the simulated rank {self.rank}")
+        return group
+
+    def all_reduce(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
+        """Sum ``x`` over the ranks (op type ``AllReduce``); default group: every card."""
+        group = self._group("AllReduce", ranks)
+        self._emit("AllReduce", (x,), x.dtype, name, {"ranks": group}, stream="hccl")
+        return Tensor(x.shape, x.dtype)
+
+    def all_gather(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
+        """Concatenate each rank's ``x`` along axis 0 (op type ``AllGather``)."""
+        group = self._group("AllGather", ranks)
+        out = Tensor((x.shape[0] * len(group), *x.shape[1:]), x.dtype)
+        self._emit("AllGather", (out,), x.dtype, name, {"ranks": group}, stream="hccl")
+        return out
+
+    def reduce_scatter(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
+        """Sum ``x`` over the ranks and keep this rank's 1/p slice of axis 0 (``ReduceScatter``).
+
+        Raises:
+            ShapeError: axis 0 is not divisible by the group size.
+        """
+        group = self._group("ReduceScatter", ranks)
+        if x.shape[0] % len(group):
+            raise ShapeError(f"ReduceScatter: axis 0 of {list(x.shape)} is not divisible by {len(group)} ranks")
+        self._emit("ReduceScatter", (x,), x.dtype, name, {"ranks": group}, stream="hccl")
+        return Tensor((x.shape[0] // len(group), *x.shape[1:]), x.dtype)
+
+    # -- profile -------------------------------------------------------------------------------
+
+    def _next_step(self) -> None:
+        self._step += 1
+
+    def profile(self, steps: int) -> Profile:
+        digest = hashlib.sha256()
+        for op in self._records:
+            if op.step != 0:
+                break
+            digest.update(f"{op.op_type}|{op.input_shapes}|{op.dtype};".encode())
+        return Profile.model_construct(
+            schema_version=1,
+            simulator_version=SIMULATOR_VERSION,
+            hardware=self.hardware.name,
+            devices=self.devices,
+            steps=steps,
+            tokens_per_step=self.tokens_per_step,
+            workload_fingerprint=digest.hexdigest()[:16],
+            ops=self._records,
+        )
+
+
+def run(
+    workload: Callable[..., object],
+    *args,
+    steps: int = 1,
+    hardware: str | HardwareSpec = "ascend910",
+    devices: int = 1,
+    op_time_scale: dict[str, float] | None = None,
+    **kwargs,
+) -> Profile:
+    """Run ``workload(npu, *args, **kwargs)`` ``steps`` times on a simulated card.
+
+    Args:
+        workload: the user function; it calls operators on ``npu``.
+        steps: training or inference steps to run (>= 1).
+        hardware: a bundled spec name (see :func:`simulator.list_hardware`) or a spec.
+        devices: cards in the job (one is simulated, all ranks alike).
+        op_time_scale: fault injection, see :class:`NPU`.
+
+    Returns:
+        The :class:`~simulator.profile.Profile` of the run.
+
+    Raises:
+        ValueError: unknown hardware, ``steps`` < 1, bad ``devices``, or any operator error.
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    spec = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    npu = NPU(spec, devices, op_time_scale)
+    for step in range(steps):
+        if step:
+            npu._next_step()
+        workload(npu, *args, **kwargs)
+    return npu.profile(steps)

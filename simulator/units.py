@@ -1,0 +1,27 @@
+"""Unit constants. Every quantity in the simulator is SI; convert only when displaying.
+
+Binary sizes (KiB, MiB, GiB) are powers of two; decimal rates (GIGA, TERA) powers of ten.
+"""
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+KILO = 1e3
+MEGA = 1e6
+GIGA = 1e9
+TERA = 1e12
+
+US_PER_S = 1e6
+MS_PER_S = 1e3
+
+#: Bytes per element of each dtype name the simulator accepts. These are IEEE / standard
+#: storage sizes, not hardware figures.
+DTYPE_BYTES = {
+    "fp16": 2,
+    "bf16": 2,
+    "fp32": 4,
+    "int8": 1,
+    "int32": 4,
+    "int64": 8,
+}

@@ -1,0 +1,368 @@
+"""End-to-end tests of the pytest plugin, through pytester."""
+
+from __future__ import annotations
+
+import json
+from glob import escape
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pytest_oam.baseline import baseline_filename
+from pytest_oam.report import OamReport
+
+# A test module for the inner pytest runs. OAM_TEST_SCALE injects slowdowns per op type.
+MODEL_TEST = """
+import json, os
+
+def workload(npu, seq_len=2048):
+    q = npu.tensor((1, 8, seq_len, 128))
+    npu.flash_attention(q, q, q)
+    npu.matmul(npu.tensor((2048, 1024)), npu.tensor((1024, 2048)))
+
+SCALE = json.loads(os.environ.get("OAM_TEST_SCALE", "{}"))
+
+{marker}
+def test_model(oam_profile):
+    oam_profile.run(workload, op_time_scale=SCALE)
+"""
+NODEID = "test_model.py::test_model"
+
+
+def make_test(pytester: pytest.Pytester, marker: str = "", name: str = "test_model") -> None:
+    pytester.makepyfile(**{name: MODEL_TEST.replace("{marker}", marker)})
+
+
+def baseline_file(pytester: pytest.Pytester, nodeid: str = NODEID):
+    return pytester.path / "baselines" / baseline_filename(nodeid)
+
+
+def save(pytester: pytest.Pytester, *args: str) -> None:
+    result = pytester.runpytest("--oam-save-baseline", *args)
+    result.assert_outcomes(passed=1)
+    assert baseline_file(pytester).exists()
+
+
+def slow(monkeypatch: pytest.MonkeyPatch, **factors: float) -> None:
+    monkeypatch.setenv("OAM_TEST_SCALE", json.dumps(factors))
+
+
+def test_save_then_match(pytester: pytest.Pytester) -> None:
+    make_test(pytester)
+    save(pytester)
+    result = pytester.runpytest("--oam-baseline", "--oam-report", "report.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*oam performance gate*", "*test_model.py::test_model*ascend910 x1*pass*"])
+    report = OamReport.model_validate_json((pytester.path / "report.json").read_text())
+    assert [t.status for t in report.tests] == ["pass"]
+    assert {v.op_type for v in report.tests[0].verdicts} == {"FlashAttention", "MatMul", "step"}
+
+
+@pytest.mark.parametrize("factor", [1.03, 1.06, 1.09])
+def test_flash_attention_slower_fails_and_is_named(pytester, monkeypatch, factor) -> None:
+    make_test(pytester)
+    save(pytester)
+    slow(monkeypatch, FlashAttention=factor)
+    result = pytester.runpytest("--oam-baseline", "--junitxml=junit.xml", "--oam-report=r.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*oam performance gate: REGRESSED test_model.py::test_model*",
+        "*FlashAttention*REGRESSED*",
+        f"REGRESSED test_model.py::test_model: FlashAttention +{(factor - 1) * 100:.1f}% (limit 2.0%)*",
+    ])
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "1"
+    report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
+    (test,) = report.tests
+    assert test.status == "regressed"
+    fa = next(v for v in test.verdicts if v.op_type == "FlashAttention")
+    assert fa.status == "regressed" and fa.limit_frac == pytest.approx(0.02)
+    assert fa.change_frac == pytest.approx(factor - 1)
+    assert test.findings[0].op_type == "FlashAttention"
+
+
+@pytest.mark.parametrize("factor", [1.03, 1.09])
+def test_matmul_slower_passes_under_default_limit(pytester, monkeypatch, factor) -> None:
+    make_test(pytester)
+    save(pytester)
+    slow(monkeypatch, MatMul=factor)
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(passed=1)
+
+
+def test_marker_override_fails_matmul(pytester, monkeypatch) -> None:
+    make_test(pytester, marker='import pytest\n@pytest.mark.oam(thresholds={"MatMul": "2%"})')
+    save(pytester)
+    slow(monkeypatch, MatMul=1.05)
+    result = pytester.runpytest("--oam-baseline", "--strict-markers")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*MatMul +5.0% (limit 2.0%)*"])
+
+
+@pytest.mark.parametrize(
+    ("marker", "cli", "ini", "expect_fail"),
+    [
+        (None, None, "MatMul=1%", True),  # ini beats the 10% default
+        (None, "MatMul=20%", "MatMul=1%", False),  # command line beats ini
+        ("2%", "MatMul=20%", "MatMul=1%", True),  # marker beats command line
+        ("20%", None, "MatMul=1%", False),  # marker beats ini
+        (None, "Mat*=1%", None, True),  # a glob on the command line
+        (None, "*=1%", "MatMul=20%", True),  # any command-line match beats any ini match
+    ],
+)
+def test_threshold_precedence(pytester, monkeypatch, marker, cli, ini, expect_fail) -> None:
+    decorator = f'import pytest\n@pytest.mark.oam(thresholds={{"MatMul": "{marker}"}})' if marker else ""
+    make_test(pytester, marker=decorator)
+    if ini:
+        pytester.makeini(f"[pytest]\noam_thresholds =\n    {ini}\n")
+    save(pytester)
+    slow(monkeypatch, MatMul=1.05)
+    args = ["--oam-baseline"] + (["--oam-threshold", cli] if cli else [])
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(**({"failed": 1} if expect_fail else {"passed": 1}))
+
+
+def test_no_baseline_passes_with_notice(pytester) -> None:
+    make_test(pytester)
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["oam: no-baseline test_model.py::test_model: no baseline*--oam-save-baseline*"])
+    assert not (pytester.path / "baselines").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "needle"),
+    [
+        (["--oam-hardware", "ascend999"], None, "--oam-hardware: unknown hardware 'ascend999'*known: ascend910, ascend910b"),
+        (["--oam-threshold", "abc"], None, "--oam-threshold: threshold 'abc' is not of the form OP=LIMIT*"),
+        (["--oam-threshold", "MatMul=abc"], None, "--oam-threshold: limit 'abc' is not a percentage*"),
+        (["--oam-threshold", "MatMul=-3%"], None, "--oam-threshold: limit '-3%' is negative"),
+        (["--oam-threshold", "MatMul=nan"], None, "--oam-threshold: limit 'nan' is not finite"),
+        (["--oam-threshold", "MatMul=inf%"], None, "--oam-threshold: limit 'inf%' is not finite"),
+        ([], "oam_thresholds =\n    MatMul=lots", "oam_thresholds (ini): limit 'lots' is not a percentage*"),
+        ([], "oam_hardware = gpu", "oam_hardware (ini): unknown hardware 'gpu'*"),
+        (["--oam-baseline", "test_model.py"], None, "--oam-baseline: 'test_model.py' looks like a test path*"),
+    ],
+)
+def test_bad_options_are_usage_errors(pytester, args, ini, needle) -> None:
+    make_test(pytester)
+    if ini:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{needle}*"])
+    assert "test_model" not in result.stdout.str().replace("test_model.py'", "")
+
+
+@pytest.mark.parametrize(
+    ("marker", "needle"),
+    [
+        ("@pytest.mark.oam(treshold=1)", "@pytest.mark.oam: unknown keyword 'treshold'; known: thresholds, hardware, devices"),
+        ("@pytest.mark.oam(thresholds={'MatMul': 'x'})", "@pytest.mark.oam: limit 'x' is not a percentage*"),
+        ("@pytest.mark.oam(thresholds={'MatMul': '-1%'})", "@pytest.mark.oam: limit '-1%' is negative"),
+        ("@pytest.mark.oam(hardware='tpu')", "@pytest.mark.oam: unknown hardware 'tpu'*"),
+        ("@pytest.mark.oam(devices=0)", "@pytest.mark.oam: devices must be a positive integer, got 0"),
+        ("@pytest.mark.oam('5%')", "@pytest.mark.oam: takes keywords only*"),
+    ],
+)
+def test_bad_marker_is_usage_error_before_any_test(pytester, marker, needle) -> None:
+    pytester.makepyfile(
+        test_a="def test_first(): pass\n",
+        test_model=MODEL_TEST.replace("{marker}", "import pytest\n" + marker),
+    )
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*test_model.py::test_model: {needle}*"])
+    assert "passed" not in result.stdout.str()
+
+
+CORRUPTIONS = {
+    "truncated": lambda text: text[: len(text) // 2],
+    "not-json": lambda text: "this is not json\n",
+    "empty": lambda text: "",
+    "other-schema": lambda text: text.replace('"schema_version": 1', '"schema_version": 99'),
+    "nan": lambda text: text.replace('"step_time_s": ', '"step_time_s": NaN, "x": ', 1),
+    "infinity": lambda text: text.replace('"time_s": ', '"time_s": Infinity, "y": ', 1),
+    "negative-time": lambda text: text.replace('"time_s": ', '"time_s": -1, "z": ', 1),
+}
+CORRUPTION_MESSAGES = {
+    "truncated": "is truncated",
+    "not-json": "is not valid JSON",
+    "empty": "is empty",
+    "other-schema": "has schema_version 99; this pytest-oam reads version 1",
+    "nan": escape("holds non-finite values: runs[0].step_time_s is nan"),
+    "infinity": escape("holds non-finite values: runs[0].ops.") + "*.time_s is inf",
+    "negative-time": "is not a valid baseline*",
+}
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_bad_baseline_file_errors_that_test_only(pytester, kind) -> None:
+    make_test(pytester)
+    make_test(pytester, name="test_other")
+    result = pytester.runpytest("--oam-save-baseline")
+    result.assert_outcomes(passed=2)
+    bad = baseline_file(pytester)
+    other = baseline_file(pytester, "test_other.py::test_model")
+    bad.write_text(CORRUPTIONS[kind](bad.read_text()))
+    bad_bytes, other_bytes = bad.read_bytes(), other.read_bytes()
+    result = pytester.runpytest("--oam-baseline", "--oam-report=r.json")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines([f"*oam: invalid baseline: *{bad.name}: {CORRUPTION_MESSAGES[kind]}*"])
+    assert bad.read_bytes() == bad_bytes and other.read_bytes() == other_bytes
+    report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
+    assert {t.nodeid: t.status for t in report.tests} == {
+        NODEID: "invalid-baseline",
+        "test_other.py::test_model": "pass",
+    }
+
+
+def test_save_over_a_bad_baseline_rewrites_it(pytester) -> None:
+    make_test(pytester)
+    save(pytester)
+    baseline_file(pytester).write_text("{")
+    result = pytester.runpytest("--oam-baseline", "--oam-save-baseline")
+    result.assert_outcomes(passed=1)
+    assert json.loads(baseline_file(pytester).read_text())["nodeid"] == NODEID
+
+
+def test_save_and_gate_in_one_run_compares_with_the_old_file(pytester, monkeypatch) -> None:
+    make_test(pytester)
+    save(pytester)
+    old = json.loads(baseline_file(pytester).read_text())
+    slow(monkeypatch, FlashAttention=1.05)
+    result = pytester.runpytest("--oam-baseline", "--oam-save-baseline")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*FlashAttention +5.0% (limit 2.0%)*", "oam: wrote 1 baseline*"])
+    new = json.loads(baseline_file(pytester).read_text())
+    old_fa = old["runs"][0]["ops"]["FlashAttention"]["time_s"]
+    assert new["runs"][0]["ops"]["FlashAttention"]["time_s"] == pytest.approx(old_fa * 1.05)
+    # The next gate compares with the accepted values.
+    pytester.runpytest("--oam-baseline").assert_outcomes(passed=1)
+
+
+def test_gate_without_save_never_writes(pytester, monkeypatch) -> None:
+    make_test(pytester)
+    save(pytester)
+    before = baseline_file(pytester).read_bytes()
+    slow(monkeypatch, FlashAttention=1.5)
+    pytester.runpytest("--oam-baseline").assert_outcomes(failed=1)
+    assert baseline_file(pytester).read_bytes() == before
+
+
+def test_failing_test_body_does_not_save(pytester) -> None:
+    pytester.makepyfile(test_model=MODEL_TEST.replace("{marker}", "") + "    assert False\n")
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(failed=1)
+    assert not baseline_file(pytester).exists()
+
+
+def test_baseline_dir_option_and_ini(pytester) -> None:
+    make_test(pytester)
+    pytester.makeini("[pytest]\noam_baseline_dir = perf/base\n")
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    assert (pytester.path / "perf" / "base" / baseline_filename(NODEID)).exists()
+    pytester.runpytest("--oam-baseline=elsewhere", "--oam-save-baseline").assert_outcomes(passed=1)
+    assert (pytester.path / "elsewhere" / baseline_filename(NODEID)).exists()
+
+
+def test_hardware_from_marker_and_option(pytester) -> None:
+    pytester.makepyfile(
+        test_hw="""
+import pytest
+
+def mm(npu):
+    npu.matmul(npu.tensor((512, 512)), npu.tensor((512, 512)))
+
+@pytest.mark.oam(hardware="ascend910b", devices=8)
+def test_marked(oam_profile):
+    p = oam_profile.run(mm)
+    assert (p.hardware, p.devices) == ("ascend910b", 8)
+
+def test_plain(oam_profile):
+    assert oam_profile.run(mm).hardware == "ascend910b"
+
+def test_explicit(oam_profile):
+    assert oam_profile.run(mm, hardware="ascend910").hardware == "ascend910"
+"""
+    )
+    pytester.runpytest("--oam-hardware", "ascend910b").assert_outcomes(passed=3)
+
+
+def test_hardware_change_is_incomparable_not_pass(pytester) -> None:
+    make_test(pytester)
+    save(pytester)
+    result = pytester.runpytest("--oam-baseline", "--oam-hardware=ascend910b", "--oam-report=r.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["oam: incomparable test_model.py::test_model*", "*hardware differs: baseline 'ascend910', current 'ascend910b'*"])
+
+
+def test_shape_error_names_op_and_shapes(pytester) -> None:
+    pytester.makepyfile(
+        test_bad="""
+def bad(npu):
+    npu.matmul(npu.tensor((64, 32)), npu.tensor((16, 64)))
+
+def test_bad(oam_profile):
+    oam_profile.run(bad)
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*ShapeError: " + escape("matmul: inner dimensions differ: a [64, 32] and b [16, 64] (K=32 vs 16)")]
+    )
+
+
+def test_plugin_can_be_disabled(pytester) -> None:
+    make_test(pytester)
+    result = pytester.runpytest("-p", "no:oam")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'oam_profile' not found*"])
+
+
+def test_multiple_runs_are_kept_in_order_and_compared(pytester, monkeypatch) -> None:
+    pytester.makepyfile(
+        test_two="""
+import json, os
+SCALE = json.loads(os.environ.get("OAM_TEST_SCALE", "{}"))
+
+def mm(npu, n):
+    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))
+
+def test_two(oam_profile):
+    a = oam_profile.run(mm, 1024)
+    b = oam_profile.run(mm, 2048, op_time_scale=SCALE)
+    assert oam_profile.profiles == [a, b]
+"""
+    )
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    slow(monkeypatch, MatMul=1.2)
+    result = pytester.runpytest("--oam-baseline", "--oam-report=r.json")
+    result.assert_outcomes(failed=1)
+    report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
+    assert [r.status for r in report.tests[0].runs] == ["pass", "regressed"]
+
+
+def test_xdist_regression_fails_on_worker(pytester, monkeypatch) -> None:
+    pytest.importorskip("xdist")
+    make_test(pytester)
+    save(pytester)
+    slow(monkeypatch, FlashAttention=1.05)
+    result = pytester.runpytest_subprocess("-n", "2", "--oam-baseline", "--junitxml=junit.xml", "--oam-report=r.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["REGRESSED test_model.py::test_model: FlashAttention +5.0% (limit 2.0%)*"])
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "1"
+    report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
+    assert [t.status for t in report.tests] == ["regressed"]
+
+
+def test_xdist_save_writes_from_controller(pytester) -> None:
+    pytest.importorskip("xdist")
+    for i in range(4):
+        make_test(pytester, name=f"test_m{i}")
+    result = pytester.runpytest_subprocess("-n", "2", "--oam-save-baseline")
+    result.assert_outcomes(passed=4)
+    files = sorted(p.name for p in (pytester.path / "baselines").iterdir())
+    assert files == sorted(baseline_filename(f"test_m{i}.py::test_model") for i in range(4))
+    pytester.runpytest_subprocess("-n", "2", "--oam-baseline").assert_outcomes(passed=4)
