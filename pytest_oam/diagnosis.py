@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from simulator.profile import Profile
 
+from .baseline import OpStats
 from .compare import CounterChange, RunComparison
 
 #: Severity by the share of the baseline step time the regression costs.
@@ -40,23 +41,38 @@ def _severity(step_share: float) -> str:
     return "minor"
 
 
-def _advice(op_type: str, counters: list[CounterChange]) -> list[str]:
+def memory_bound(mte2_ratio: float, mac_ratio: float, vec_ratio: float) -> float:
+    """msprof's ``memory_bound``: ``mte2_ratio / max(mac_ratio, vec_ratio)`` (> 1: memory-bound)."""
+    compute = max(mac_ratio, vec_ratio)
+    return mte2_ratio / compute if compute > 0 else float("inf")
+
+
+def _advice(op_type: str, counters: list[CounterChange], current: OpStats | None) -> list[str]:
     moved = {c.name: c for c in counters}
+    flash = op_type.startswith("FlashAttention")
     tips = []
     if "count_per_step" in moved:
         tips.append(f"{op_type} now runs {moved['count_per_step'].current:g} times per step "
                     f"(was {moved['count_per_step'].baseline:g}): look for added or unfused calls")
     elif "flop" in moved:
         tips.append(f"{op_type} does more work: its input shapes changed; check the shapes at the call sites")
-    if "hbm_bytes" in moved and moved["hbm_bytes"].current > moved["hbm_bytes"].baseline:
-        if op_type.startswith("FlashAttention"):
-            tips.append("more HBM traffic: a smaller block_size re-reads K/V more often, and fusion=False "
-                        "round-trips the score matrix through HBM")
-        else:
+    more_bytes = "hbm_bytes" in moved and moved["hbm_bytes"].current > moved["hbm_bytes"].baseline
+    more_dma = "dma_count" in moved and moved["dma_count"].current > moved["dma_count"].baseline
+    if flash and (more_bytes or more_dma):
+        tips.append("more K/V traffic: a smaller block_size re-reads K and V more often in more, smaller "
+                    "DMA transfers, and fusion=False round-trips the score matrix through HBM; "
+                    "restore the larger block_size / fusion")
+    else:
+        if more_bytes:
             tips.append("more HBM traffic: check tiling and fusion of this op")
-    if "dma_count" in moved and moved["dma_count"].current > moved["dma_count"].baseline:
-        tips.append("more DMA transfers: smaller tiles or blocks pay the MTE start-up cost more often; "
-                    "use larger blocks and sizes aligned to 512 bytes")
+        if more_dma:
+            tips.append("more DMA transfers: smaller tiles pay the MTE start-up cost more often; "
+                        "use larger tiles and sizes aligned to 512 bytes")
+    if current is not None:
+        bound = memory_bound(current.mte2_ratio, current.mac_ratio, current.vec_ratio)
+        if bound > 1 and "mte2_ratio" in moved:
+            tips.append(f"the op is now memory-bound (memory_bound = {bound:.2f} > 1): DMA no longer "
+                        "hides behind compute")
     if not tips:
         tips.append("same work and traffic but slower: the kernel lost DMA/compute overlap "
                     "(check pipeline_stages) or its implementation or launch cost changed")
@@ -74,8 +90,13 @@ def _call_sites(profile: Profile | None, op_type: str) -> list[tuple[str, float]
     return sorted(times.items(), key=lambda kv: -kv[1])[:MAX_CALL_SITES]
 
 
-def diagnose(comparison: RunComparison, profile: Profile | None = None) -> list[Finding]:
-    """Findings for each regressed op type, biggest time lost first."""
+def diagnose(
+    comparison: RunComparison, profile: Profile | None = None, current: dict[str, OpStats] | None = None
+) -> list[Finding]:
+    """Findings for each regressed op type, biggest time lost first.
+
+    ``current`` (op type -> stats of this run) adds the memory-bound check.
+    """
     findings = []
     step_s = comparison.baseline_step_s
     for v in comparison.verdicts:
@@ -92,7 +113,7 @@ def diagnose(comparison: RunComparison, profile: Profile | None = None) -> list[
                 step_share_frac=share,
                 counters=counters,
                 call_sites=_call_sites(profile, v.op_type),
-                advice=_advice(v.op_type, counters),
+                advice=_advice(v.op_type, counters, (current or {}).get(v.op_type)),
             )
         )
     findings.sort(key=lambda f: -f.delta_s)

@@ -256,7 +256,7 @@ class OamSession:
             elif base_run is not None:
                 comparison = compare_run(i, base_run, current, resolver)
                 status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
-                run_findings = diagnose(comparison, profile)
+                run_findings = diagnose(comparison, profile, current.ops)
                 verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
                 findings += [
                     FindingReport(run=i, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
@@ -334,6 +334,13 @@ class OamSession:
             return
         self.written.append(str(path))
 
+    def _display(self, path: Path) -> str:
+        """``path`` relative to the invocation folder when it lies inside it."""
+        try:
+            return str(Path(path).relative_to(self.config.invocation_params.dir))
+        except ValueError:
+            return str(path)
+
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.is_worker or not self.results:
             return
@@ -356,14 +363,14 @@ class OamSession:
         if self.written:
             folder = self.settings.save_dir
             noun = "baseline" if len(self.written) == 1 else "baselines"
-            tr.write_line(f"oam: wrote {len(self.written)} {noun} to {folder}")
+            tr.write_line(f"oam: wrote {len(self.written)} {noun} to {self._display(folder)}")
             if self.config.get_verbosity() > 0:
                 for path in self.written:
                     tr.write_line(f"    {path}")
         for err in self.save_errors:
             tr.write_line(f"oam: {err}", red=True)
         if self.settings.report_path is not None:
-            tr.write_line(f"oam: wrote report {self.settings.report_path}")
+            tr.write_line(f"oam: wrote report {self._display(self.settings.report_path)}")
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.is_worker or self.settings.report_path is None:

@@ -43,6 +43,8 @@ MATMUL_BASE_M = 128
 MATMUL_BASE_N = 256
 #: Buffers in flight for kernels that use plain double buffering.
 DOUBLE_BUFFER_STAGES = 2
+#: DMA block of the Unified Buffer: vector kernels split work in multiples of it (Ascend C guide).
+VECTOR_BLOCK_BYTES = 32
 #: Accumulator bytes per element in L0C and the Unified Buffer (fp32 accumulation).
 ACCUMULATOR_BYTES = DTYPE_BYTES["fp32"]
 
@@ -107,12 +109,14 @@ def _numel(shape: Shape) -> int:
     return math.prod(shape)
 
 
-def pipelined_time_s(parts_s: tuple[float, ...], stages: int, iterations: int = 1) -> float:
+def pipelined_time_s(parts_s: tuple[float, ...], stages: int, iterations: float = 1.0) -> float:
     """Time of a pipeline whose units need ``parts_s`` seconds in all, over ``iterations``.
 
     With ``stages`` buffers in flight at most ``stages`` units work at once, so the steady
     state takes ``max(max(parts), sum(parts) / stages)``; the first iteration fills the
     pipeline without overlap. One stage, or one iteration, runs the parts one after another.
+    ``iterations`` may be fractional (work / grain), which keeps the fill cost per grain
+    constant: more work never takes less time.
 
     Raises:
         ValueError: ``stages`` or ``iterations`` < 1.
@@ -137,26 +141,29 @@ class _Kernel:
     l2_bytes: float
     dma_per_block: int
     stages: int
-    iterations: int
+    iterations: float
     flop: float
     kernel_count: int = 1
 
 
 def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
-    """Turn a tiled kernel into time and counters (see the module docstring)."""
+    """Turn a tiled kernel into time and counters (see the module docstring).
+
+    The kernel is one pipeline over all its waves: compute is ``waves`` times a block's work,
+    DMA is the whole kernel's traffic at the shared bandwidth plus each core's queue of
+    transfer start-ups, and only the first iteration is left unoverlapped.
+    """
     waves = _ceil_div(k.block_dim, cores)
     active_cores = min(k.block_dim, cores)
     mem = hw.memory
-    # Whole-kernel DMA time spread over the waves: bandwidth is shared by the active cores.
     transfer_s = k.hbm_bytes / (mem.hbm_bandwidth_bytes_per_s * mem.hbm_efficiency_frac)
     transfer_s += k.l2_bytes / mem.l2_bandwidth_bytes_per_s
-    mte_s_per_block = transfer_s * active_cores / k.block_dim
-    mte_s_per_block += k.dma_per_block * hw.dma.mte_startup_latency_s
-    block_s = pipelined_time_s(
-        (k.cube_s_per_block, k.vector_s_per_block, mte_s_per_block), k.stages, k.iterations
-    )
+    mte_s = transfer_s + waves * k.dma_per_block * hw.dma.mte_startup_latency_s
+    cube_s = waves * k.cube_s_per_block
+    vector_s = waves * k.vector_s_per_block
+    busy_s = pipelined_time_s((cube_s, vector_s, mte_s), k.stages, waves * k.iterations)
     launch_s = hw.launch.kernel_launch_latency_s * k.kernel_count
-    duration_s = launch_s + waves * block_s
+    duration_s = launch_s + busy_s
     core_capacity_s = cores * duration_s
     return OpCost(
         duration_s=duration_s,
@@ -165,10 +172,10 @@ def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
         l2_bytes=k.l2_bytes,
         block_dim=k.block_dim,
         dma_count=k.dma_per_block * k.block_dim,
-        ai_core_util_frac=k.block_dim * block_s / core_capacity_s,
+        ai_core_util_frac=k.block_dim * busy_s / waves / core_capacity_s,
         mac_ratio=k.block_dim * k.cube_s_per_block / core_capacity_s,
         vec_ratio=k.block_dim * k.vector_s_per_block / core_capacity_s,
-        mte2_ratio=min(1.0, k.block_dim * mte_s_per_block / core_capacity_s),
+        mte2_ratio=min(1.0, active_cores * mte_s / core_capacity_s),
         kernel_count=k.kernel_count,
     )
 
@@ -240,7 +247,8 @@ def matmul_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
         l2_bytes=max(0.0, l2_bytes),
         dma_per_block=2 * k_chunks + 1,
         stages=DOUBLE_BUFFER_STAGES,
-        iterations=k_chunks,
+        # MTE1 feeds L0A/L0B one 16-deep K step at a time: that is the pipeline's grain.
+        iterations=_ceil_div(k, cu.fractal_k),
         flop=2.0 * batch * m * k * n,
     )
     return _run_kernel(kernel, hw, hw.ai_core.count)
@@ -319,7 +327,7 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
         l2_bytes=l2_bytes,
         dma_per_block=dma_per_block,
         stages=stages,
-        iterations=max(1, math.ceil(pairs_per_block)),
+        iterations=max(1.0, pairs_per_block),
         flop=flop,
         kernel_count=kernel_count,
     )
@@ -402,11 +410,13 @@ def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
         compute_dtype = spec.dtype
     bytes_per_element = (prof.read_elements + prof.write_elements) * elt
     chunk_elements = max(1, int(hw.memory.unified_buffer_bytes_per_core // (bytes_per_element * DOUBLE_BUFFER_STAGES)))
-    chunks = _ceil_div(elements, chunk_elements)
+    # Work is spread over every Vector unit in 32-byte DMA blocks; tiny tensors use fewer cores.
+    align = max(1, VECTOR_BLOCK_BYTES // elt)
     cores = hw.ai_core.vector_core_count
-    block_dim = min(cores, chunks)
-    chunks_per_core = _ceil_div(chunks, block_dim)
-    elements_per_block = min(elements, chunks_per_core * chunk_elements)
+    block_dim = min(cores, _ceil_div(elements, align))
+    elements_per_block = _ceil_div(elements, block_dim)
+    chunks_per_core = _ceil_div(elements_per_block, chunk_elements)
+    grains = max(1.0, elements_per_block / chunk_elements)
     total_bytes = elements * bytes_per_element
     transfers_per_chunk = math.ceil(prof.read_elements) + math.ceil(prof.write_elements)
     kernel = _Kernel(
@@ -417,7 +427,7 @@ def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
         l2_bytes=0.0,
         dma_per_block=chunks_per_core * transfers_per_chunk,
         stages=DOUBLE_BUFFER_STAGES,
-        iterations=chunks_per_core,
+        iterations=grains,
         flop=elements * sum(prof.op_classes.values()),
     )
     return _run_kernel(kernel, hw, cores)
@@ -445,7 +455,7 @@ def embedding_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
         l2_bytes=0.0,
         dma_per_block=rows_per_core * moves,
         stages=DOUBLE_BUFFER_STAGES,
-        iterations=rows_per_core,
+        iterations=float(rows_per_core),
         flop=float(tokens * hidden if grad else 0),
     )
     return _run_kernel(kernel, hw, cores)

@@ -1,0 +1,72 @@
+"""The pure comparison and diagnosis."""
+
+from __future__ import annotations
+
+import pytest
+
+import simulator
+from pytest_oam.compare import compare_run, summarize, worst_status
+from pytest_oam.diagnosis import diagnose
+from pytest_oam.thresholds import LimitResolver
+
+
+def model(npu, block_size=128, seq_len=2048):
+    q = npu.tensor((1, 8, seq_len, 128))
+    npu.flash_attention(q, q, q, block_size=block_size)
+    npu.matmul(npu.tensor((2048, 1024)), npu.tensor((1024, 2048)))
+
+
+def compare(baseline_kwargs=None, current_kwargs=None, resolver=None, **run_kwargs):
+    base = simulator.run(model, **(baseline_kwargs or {}))
+    cur = simulator.run(model, **(current_kwargs or {}), **run_kwargs)
+    comparison = compare_run(0, summarize(base), summarize(cur), resolver or LimitResolver.build())
+    return comparison, cur
+
+
+def test_identical_runs_pass() -> None:
+    comparison, _ = compare()
+    assert comparison.status == "pass"
+    assert all(v.change_frac == 0 for v in comparison.verdicts)
+
+
+def test_real_configuration_change_is_caught_and_explained() -> None:
+    # A smaller FlashAttention block re-reads K and V twice as often and pays twice the DMA
+    # start-ups: a genuine kernel-configuration regression, no injected slowdown.
+    comparison, current = compare(current_kwargs={"block_size": 64})
+    assert comparison.status == "regressed"
+    assert [v.op_type for v in comparison.regressions][0] == "FlashAttention"
+    (finding, *_) = diagnose(comparison, current, summarize(current).ops)
+    assert finding.op_type == "FlashAttention"
+    moved = {c.name for c in finding.counters}
+    assert {"dma_count", "hbm_bytes"} & moved
+    assert any("block_size" in tip for tip in finding.advice)
+    assert finding.call_sites and finding.call_sites[0][0].endswith("test_compare.py:15")
+
+
+def test_faster_beyond_limit_is_improved() -> None:
+    comparison, _ = compare(baseline_kwargs={"op_time_scale": {"MatMul": 1.5}})
+    assert comparison.status == "improved"
+
+
+def test_missing_and_new_op_types() -> None:
+    def other(npu):
+        npu.add(npu.tensor((1024,)), npu.tensor((1024,)))
+
+    base = summarize(simulator.run(model))
+    cur = summarize(simulator.run(other))
+    comparison = compare_run(0, base, cur, LimitResolver.build(cli={"*": 1e9}))
+    statuses = {v.op_type: v.status for v in comparison.verdicts}
+    assert statuses["FlashAttention"] == "missing" and statuses["Add"] == "new"
+    assert comparison.status == "missing-ops"
+    assert any("FlashAttention" in r for r in comparison.reasons)
+
+
+def test_other_hardware_is_incomparable() -> None:
+    comparison, _ = compare(current_kwargs={}, hardware="ascend910b", resolver=LimitResolver.build(cli={"*": 1e9}))
+    assert comparison.status == "incomparable"
+    assert comparison.reasons == ["hardware differs: baseline 'ascend910', current 'ascend910b'"]
+
+
+@pytest.mark.parametrize(("statuses", "worst"), [([], "pass"), (["pass", "improved"], "improved"), (["no-baseline", "regressed"], "regressed")])
+def test_worst_status(statuses, worst) -> None:
+    assert worst_status(statuses) == worst

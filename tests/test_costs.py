@@ -1,0 +1,193 @@
+"""Cost models: golden values with their derivation, and Hypothesis properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.costs import OpSpec, op_cost, pipelined_time_s
+from simulator.hardware import load_hardware
+
+HARDWARE = ["ascend910", "ascend910b"]
+A910 = load_hardware("ascend910")
+
+
+def mm(m: int, k: int, n: int, batch: int = 1, dtype: str = "fp16") -> OpSpec:
+    return OpSpec("MatMul", ((batch, m, k), (batch, k, n)), dtype)
+
+
+def fa(b, h, s, d, *, block=128, stages=2, fusion=True, causal=False, op="FlashAttention") -> OpSpec:
+    attrs = (("block_size", block), ("causal", causal), ("fusion", fusion), ("pipeline_stages", stages))
+    return OpSpec(op, ((b, h, s, d), (b, h, s, d), (b, h, s, d)), "fp16", attrs)
+
+
+# -- golden values ------------------------------------------------------------------------------
+
+
+def test_peak_fp16_rates() -> None:
+    # 32 AI Cores x 4096 MAC/cycle x 2 FLOP x 1.0 GHz; 24 x 4096 x 2 x 1.8 GHz.
+    assert A910.peak_cube_flop_per_s("fp16") == pytest.approx(262.144e12)
+    assert load_hardware("ascend910b").peak_cube_flop_per_s("fp16") == pytest.approx(353.8944e12)
+
+
+def test_matmul_single_block_golden() -> None:
+    # 128x128x128 fp16 on ascend910: one 128x128 tile (n_t capped by nothing smaller), one K chunk.
+    # Cube: 128*128*128 / 4096 MAC/cycle = 512 cycles / (1 GHz * 0.85) = 602.353 ns.
+    # HBM: A and B panels 2 * 128*128*2 B = 65536 B read (fits L2: unique bytes), C 32768 B
+    #      written: 98304 B / (1.2e12 B/s * 0.8) = 102.4 ns; plus 3 DMAs * 0.3 us = 900 ns.
+    # Pipeline, 2 stages over K / 16 = 8 iterations: steady max(1002.4, 1604.753 / 2) = 1002.4 ns,
+    # plus the fill (1604.753 - 1002.4) / 8 = 75.294 ns -> 1077.694 ns; plus the 4 us launch floor.
+    cost = op_cost(mm(128, 128, 128), A910)
+    assert cost.block_dim == 1 and cost.dma_count == 3
+    assert cost.hbm_bytes == 98304
+    assert cost.duration_s == pytest.approx(4e-6 + 1077.694e-9, rel=1e-6)
+    assert cost.flop == 2 * 128**3
+
+
+def test_allreduce_mesh_golden() -> None:
+    # 16 MiB fp16 AllReduce over 4 cards of one HCCS mesh on ascend910: Mesh algorithm,
+    # ReduceScatter + AllGather = 2 passes of (2 us + (16 MiB / 4) / (30 GB/s * 0.8)) = 353.525 us;
+    # reduction: 3/4 * 8 Mi elements / (128 lanes * 1 GHz * 32 cores) = 1.536 us; launch 4 us.
+    spec = OpSpec("AllReduce", ((2048, 4096),), "fp16", (("ranks", (0, 1, 2, 3)),))
+    cost = op_cost(spec, A910)
+    assert cost.comm.algorithm == "mesh"
+    assert cost.duration_s == pytest.approx(4e-6 + 2 * (2e-6 + 4 * 2**20 / 24e9) + 1.536e-6, rel=1e-9)
+    assert cost.comm.busbw_bytes_per_s == pytest.approx(cost.comm.algbw_bytes_per_s * 2 * 3 / 4)
+
+
+def test_allreduce_algorithm_follows_topology() -> None:
+    def algo(ranks, hw="ascend910"):
+        spec = OpSpec("AllReduce", ((1 << 20,),), "fp16", (("ranks", ranks),))
+        return op_cost(spec, load_hardware(hw)).comm.algorithm
+
+    assert algo((0, 1, 2, 3)) == "mesh"
+    assert algo(tuple(range(8))) == "hierarchical-mesh-ring"  # two HCCS groups on a 910A server
+    assert algo((0, 4)) == "ring-pcie"
+    assert algo(tuple(range(8)), "ascend910b") == "mesh"  # one 8-card HCCS mesh on 910B
+    assert algo(tuple(range(16))) == "hierarchical-roce"
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+dims = st.integers(min_value=1, max_value=8192)
+
+
+def roofline_s(cost, hw, dtype="fp16") -> float:
+    compute = cost.flop / hw.peak_cube_flop_per_s(dtype)
+    memory = cost.hbm_bytes / hw.memory.hbm_bandwidth_bytes_per_s
+    return max(compute, memory)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(HARDWARE), dims, dims, dims, st.integers(1, 8))
+def test_matmul_never_beats_roofline_and_is_finite(hw_name, m, k, n, batch) -> None:
+    hw = load_hardware(hw_name)
+    cost = op_cost(mm(m, k, n, batch), hw)
+    assert math.isfinite(cost.duration_s) and cost.duration_s > 0
+    assert cost.duration_s >= roofline_s(cost, hw)
+    for ratio in (cost.mac_ratio, cost.mte2_ratio, cost.ai_core_util_frac):
+        assert 0 <= ratio <= 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(HARDWARE), dims, dims, dims, st.sampled_from("mkn"), st.integers(1, 4096))
+def test_matmul_more_work_never_less_time(hw_name, m, k, n, axis, extra) -> None:
+    hw = load_hardware(hw_name)
+    bigger = {"m": (m + extra, k, n), "k": (m, k + extra, n), "n": (m, k, n + extra)}[axis]
+    assert op_cost(mm(*bigger), hw).duration_s >= op_cost(mm(m, k, n), hw).duration_s
+
+
+seq = st.integers(min_value=1, max_value=16384)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(HARDWARE), st.integers(1, 4), st.integers(1, 64), seq, st.sampled_from([64, 128]),
+       st.sampled_from([64, 128, 256]), st.integers(1, 3), st.booleans(), st.booleans())
+def test_flash_attention_roofline_finite(hw_name, b, h, s, d, block, stages, fusion, causal) -> None:
+    hw = load_hardware(hw_name)
+    cost = op_cost(fa(b, h, s, d, block=block, stages=stages, fusion=fusion, causal=causal), hw)
+    assert math.isfinite(cost.duration_s) and cost.duration_s > 0
+    assert cost.duration_s >= roofline_s(cost, hw)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(HARDWARE), st.integers(1, 32), seq, st.integers(1, 4096), st.booleans(),
+       st.sampled_from(["FlashAttention", "FlashAttentionGrad"]))
+def test_flash_attention_longer_sequence_never_faster(hw_name, h, s, extra, causal, op) -> None:
+    hw = load_hardware(hw_name)
+    short = op_cost(fa(1, h, s, 128, causal=causal, op=op), hw).duration_s
+    long = op_cost(fa(1, h, s + extra, 128, causal=causal, op=op), hw).duration_s
+    assert long >= short
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.sampled_from(HARDWARE), st.integers(1, 32), seq)
+def test_unfused_attention_moves_more_bytes(hw_name, h, s) -> None:
+    hw = load_hardware(hw_name)
+    fused = op_cost(fa(1, h, s, 128), hw)
+    unfused = op_cost(fa(1, h, s, 128, fusion=False), hw)
+    assert unfused.hbm_bytes > fused.hbm_bytes and unfused.duration_s > fused.duration_s
+
+
+VECTOR_OPS = ["Add", "Mul", "SiLU", "RmsNorm", "Softmax", "LayerNorm", "ApplyAdamW", "Cast"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(HARDWARE), st.sampled_from(VECTOR_OPS), st.integers(1, 1 << 26), st.integers(1, 1 << 20))
+def test_vector_ops_roofline_and_monotone(hw_name, op, n, extra) -> None:
+    hw = load_hardware(hw_name)
+    small = op_cost(OpSpec(op, ((n,),), "fp16"), hw)
+    large = op_cost(OpSpec(op, ((n + extra,),), "fp16"), hw)
+    assert math.isfinite(small.duration_s) and small.duration_s > 0
+    assert small.duration_s >= small.hbm_bytes / hw.memory.hbm_bandwidth_bytes_per_s
+    assert large.duration_s >= small.duration_s
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(HARDWARE), st.sampled_from(["AllReduce", "AllGather", "ReduceScatter"]),
+       st.integers(2, 16), st.integers(1, 1 << 28), st.integers(1, 1 << 24))
+def test_collectives_more_bytes_never_less_time(hw_name, op, p, n, extra) -> None:
+    hw = load_hardware(hw_name)
+    ranks = (("ranks", tuple(range(p))),)
+    small = op_cost(OpSpec(op, ((n,),), "fp16", ranks), hw)
+    large = op_cost(OpSpec(op, ((n + extra,),), "fp16", ranks), hw)
+    assert math.isfinite(small.duration_s) and small.duration_s > 0
+    assert large.duration_s >= small.duration_s
+
+
+parts = st.lists(st.floats(0, 1e-3, allow_nan=False), min_size=1, max_size=3)
+
+
+@given(parts, st.integers(1, 8), st.floats(1, 64))
+def test_pipeline_bounds_and_more_stages_never_slower(p, stages, iterations) -> None:
+    t = pipelined_time_s(tuple(p), stages, iterations)
+    assert max(p) * (1 - 1e-12) <= t <= sum(p) * (1 + 1e-12)
+    assert pipelined_time_s(tuple(p), stages + 1, iterations) <= t * (1 + 1e-12)
+    assert pipelined_time_s(tuple(p), 1, iterations) == pytest.approx(sum(p))
+
+
+# -- invalid input ------------------------------------------------------------------------------
+
+
+def test_flash_attention_block_that_does_not_fit_l1_is_named() -> None:
+    # Q block 1024x128 + 4 stages x (K + V) blocks of 1024x128, fp16 = 2.25 MiB > 1 MiB L1.
+    with pytest.raises(ValueError, match=r"FlashAttention: block_size=1024, head_dim=128, pipeline_stages=4 need 2359296 bytes of L1 per AI Core; ascend910 has 1048576"):
+        op_cost(fa(1, 8, 4096, 128, block=1024, stages=4), A910)
+
+
+def test_unsupported_dtype_on_cube_is_named() -> None:
+    with pytest.raises(ValueError, match="the Cube unit of ascend910 has no bf16 rate"):
+        op_cost(mm(64, 64, 64, dtype="bf16"), A910)
+
+
+def test_unknown_op_type() -> None:
+    with pytest.raises(KeyError, match="no cost model for op type 'Conv9D'"):
+        op_cost(OpSpec("Conv9D", ((1,),), "fp16"), A910)
+
+
+def test_pipeline_rejects_zero_stages() -> None:
+    with pytest.raises(ValueError, match="pipeline_stages must be >= 1"):
+        pipelined_time_s((1.0,), 0)

@@ -1,0 +1,29 @@
+"""The bundled suite passes against the committed baselines (the README's main job)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_oam.report import OamReport
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_examples_pass_against_committed_baselines(pytester: pytest.Pytester) -> None:
+    shutil.copytree(ROOT / "examples", pytester.path / "examples")
+    shutil.copytree(ROOT / "baselines", pytester.path / "baselines")
+    committed = {p.name: p.read_bytes() for p in (pytester.path / "baselines").iterdir()}
+    result = pytester.runpytest("examples", "--oam-baseline", "--oam-report=report.json")
+    report = OamReport.model_validate_json((pytester.path / "report.json").read_text())
+    not_passing = {t.nodeid: t.status for t in report.tests if t.status != "pass"}
+    assert not not_passing, (
+        f"{not_passing}: the committed baselines no longer match the simulator; if the change "
+        "is intended, bump simulator.__version__ and run `pytest examples --oam-save-baseline`"
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == len(report.tests) == len(committed) and "failed" not in outcomes
+    result.stdout.fnmatch_lines(["*test_llama2_7b_training_step*ascend910 x8*pass*MatMul*"])
+    assert {p.name: p.read_bytes() for p in (pytester.path / "baselines").iterdir()} == committed

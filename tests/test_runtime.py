@@ -1,0 +1,117 @@
+"""The eager runtime, the profile, and the Llama model builder."""
+
+from __future__ import annotations
+
+import pytest
+
+import simulator
+from simulator import Profile, ShapeError
+from simulator.models import LLAMA2_7B, LLAMA2_70B, ParallelLayout, training_step
+from simulator.models.llama import memory_per_card_bytes
+
+
+def two_ops(npu, n=1024):
+    a = npu.tensor((n, n))
+    npu.matmul(a, a, name="proj")
+    npu.add(a, a)
+
+
+def test_profile_views_and_json_round_trip() -> None:
+    profile = simulator.run(two_ops, steps=3)
+    assert profile.op_types == ["MatMul", "Add"]
+    assert len(profile.ops) == 6 and [op.step for op in profile.ops] == [0, 0, 1, 1, 2, 2]
+    per_step = sum(op.duration_s for op in profile.ops if op.step == 0)
+    assert profile.step_time_s == pytest.approx(per_step)
+    assert profile.op_time_s("MatMul") == pytest.approx(profile.ops[0].duration_s)
+    assert profile.op_time_s("Nothing") == 0.0
+    again = Profile.from_json(profile.to_json())
+    assert again == profile and again.step_time_s == profile.step_time_s
+    assert profile.ops[0].name == "proj" and profile.ops[1].name == "Add"
+
+
+def test_ops_record_the_callers_source_line() -> None:
+    profile = simulator.run(two_ops)
+    assert profile.ops[0].source.endswith("test_runtime.py:15")
+
+
+def test_fingerprint_depends_on_shapes_not_on_timing() -> None:
+    base = simulator.run(two_ops).workload_fingerprint
+    assert simulator.run(two_ops, op_time_scale={"MatMul": 2.0}).workload_fingerprint == base
+    assert simulator.run(two_ops, n=2048).workload_fingerprint != base
+
+
+def test_op_time_scale_slows_only_that_op() -> None:
+    base = simulator.run(two_ops)
+    slow = simulator.run(two_ops, op_time_scale={"MatMul": 1.05})
+    assert slow.op_time_s("MatMul") == pytest.approx(base.op_time_s("MatMul") * 1.05)
+    assert slow.op_time_s("Add") == base.op_time_s("Add")
+    assert slow.ops[0].mac_ratio == pytest.approx(base.ops[0].mac_ratio / 1.05)
+
+
+@pytest.mark.parametrize(
+    ("workload", "error", "message"),
+    [
+        (lambda npu: npu.matmul(npu.tensor((4, 8)), npu.tensor((4, 8))), ShapeError,
+         r"matmul: inner dimensions differ: a \[4, 8\] and b \[4, 8\] \(K=8 vs 4\)"),
+        (lambda npu: npu.tensor((4, -1)), ShapeError, r"tensor: shape \[4, -1\] must hold positive integers"),
+        (lambda npu: npu.tensor((4, 0)), ShapeError, r"tensor: shape \[4, 0\] must hold positive integers"),
+        (lambda npu: npu.tensor((4, 2.5)), ShapeError, r"tensor: shape \[4, 2.5\] must hold positive integers"),
+        (lambda npu: npu.tensor((4,), "fp8"), ShapeError, r"tensor: unknown dtype 'fp8'"),
+        (lambda npu: npu.matmul(npu.tensor((4,)), npu.tensor((4, 4))), ShapeError,
+         r"matmul: a must have at least 2 dimensions, got \[4\]"),
+        (lambda npu: npu.matmul(npu.tensor((2, 4, 4)), npu.tensor((3, 4, 4))), ShapeError,
+         r"matmul: batch dimensions differ"),
+        (lambda npu: npu.flash_attention(*(npu.tensor((1, 8, 64)),) * 3), ShapeError,
+         r"flash_attention: q must be \(B, H, S, D\), got \[1, 8, 64\]"),
+        (lambda npu: npu.flash_attention(npu.tensor((1, 8, 64, 64)), *(npu.tensor((1, 3, 64, 64)),) * 2),
+         ShapeError, r"q heads \(8\) must be a multiple of k/v heads \(3\)"),
+        (lambda npu: npu.flash_attention(*(npu.tensor((1, 8, 64, 64)),) * 3, block_size=100), ShapeError,
+         r"block_size must be a positive multiple of 16, got 100"),
+        (lambda npu: npu.add(npu.tensor((4, 8)), npu.tensor((3, 8))), ShapeError,
+         r"Add: shapes \[4, 8\] and \[3, 8\] do not broadcast"),
+        (lambda npu: npu.rms_norm(npu.tensor((4, 8)), npu.tensor((4,))), ShapeError,
+         r"RmsNorm: parameter shape \[4\] must be \(8,\)"),
+        (lambda npu: npu.all_reduce(npu.tensor((4,)), ranks=[0, 9]), ValueError,
+         r"AllReduce: ranks \[0, 9\] must be distinct integers in \[0, 1\)"),
+    ],
+)
+def test_bad_shapes_name_the_op(workload, error, message) -> None:
+    with pytest.raises(error, match=message):
+        simulator.run(workload)
+
+
+def test_bad_run_arguments() -> None:
+    with pytest.raises(ValueError, match="unknown hardware 'ascend999'; known: ascend910, ascend910b"):
+        simulator.run(two_ops, hardware="ascend999")
+    with pytest.raises(ValueError, match="steps must be a positive integer, got 0"):
+        simulator.run(two_ops, steps=0)
+    with pytest.raises(ValueError, match="devices must be a positive integer"):
+        simulator.run(two_ops, devices=0)
+    with pytest.raises(ValueError, match=r"op_time_scale\['MatMul'\] must be a positive number"):
+        simulator.run(two_ops, op_time_scale={"MatMul": float("nan")})
+
+
+def test_llama2_7b_parameters_match_the_paper() -> None:
+    # Touvron et al. (2023) report 6.7B parameters for Llama-2-7B (6,738,415,616 in the release).
+    assert LLAMA2_7B.param_count == 6_738_415_616
+
+
+def test_llama2_7b_step_on_8_cards() -> None:
+    profile = simulator.run(training_step, LLAMA2_7B, devices=8, seq_len=2048)
+    layout = ParallelLayout.default_for(LLAMA2_7B, 8, 4)
+    assert (layout.tensor_parallel, layout.data_parallel) == (4, 2)
+    assert len(profile.ops_of("FlashAttention")) == len(profile.ops_of("FlashAttentionGrad")) == 32
+    assert {"AllReduce", "ReduceScatter", "AllGather", "ApplyAdamW"} <= set(profile.op_types)
+    assert profile.tokens_per_step == 2 * 2048
+    # Forward + backward MatMul work is 6 x params x tokens per data-parallel replica, split
+    # over 4 tensor-parallel cards (plus the attention matmuls in FlashAttention).
+    matmul_flop = sum(op.flop for op in profile.ops_of("MatMul"))
+    assert matmul_flop == pytest.approx(6 * (LLAMA2_7B.param_count - LLAMA2_7B.vocab_size * 4096) * 2048 / 4, rel=0.01)
+    assert memory_per_card_bytes(LLAMA2_7B, layout, 1, 2048) < 32 * 2**30
+
+
+def test_llama_that_does_not_fit_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"llama-2-70b: .* needs about .* GiB per card; ascend910 has 32.0 GiB"):
+        simulator.run(training_step, LLAMA2_70B, devices=8)
+    with pytest.raises(ValueError, match=r"layout tp=2 x dp=2 needs 4 cards, the job has 8"):
+        simulator.run(training_step, devices=8, layout=ParallelLayout(2, 2))
