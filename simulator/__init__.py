@@ -7,16 +7,16 @@ produces, so that baselines made by another version are recognised as such.
 __version__ = "0.1.0"
 SIMULATOR_VERSION = __version__
 
-from .hardware import HardwareSpec, list_hardware, load_hardware  # noqa: E402
-from .profile import OpRecord, Profile  # noqa: E402
-from .runtime import NPU, ShapeError, Tensor, run  # noqa: E402
+from .hardware import HardwareSpec, list_hardware, load_hardware
+from .profile import OpRecord, Profile
+from .runtime import NPU, ShapeError, Tensor, run
 
 __all__ = [
-    "HardwareSpec",
     "NPU",
+    "SIMULATOR_VERSION",
+    "HardwareSpec",
     "OpRecord",
     "Profile",
-    "SIMULATOR_VERSION",
     "ShapeError",
     "Tensor",
     "list_hardware",

@@ -28,8 +28,8 @@ AI Cores and the kernel's duration.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .hardware import HardwareSpec
 from .units import DTYPE_BYTES

@@ -131,7 +131,7 @@ def list_hardware() -> list[str]:
     return sorted(p.name[: -len(".json")] for p in _hardware_dir().iterdir() if p.name.endswith(".json"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_hardware(name: str) -> HardwareSpec:
     """Load the bundled spec called ``name``.
 

@@ -11,8 +11,8 @@ import hashlib
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from . import __version__ as SIMULATOR_VERSION
 from .costs import OpCost, OpSpec, op_cost

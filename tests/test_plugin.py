@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from glob import escape
 import xml.etree.ElementTree as ET
+from glob import escape
 
 import pytest
 

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_oam.thresholds import LimitResolver, ThresholdError, parse_entry, parse_limit, parse_mapping
+from pytest_oam.thresholds import (
+    LimitResolver,
+    ThresholdError,
+    parse_entry,
+    parse_limit,
+    parse_mapping,
+)
 
 
 @pytest.mark.parametrize(("text", "frac"), [("2%", 0.02), ("2.5%", 0.025), ("0.02", 0.02), (" 10 % ".replace(" ", ""), 0.10), (0.05, 0.05), ("0%", 0.0)])
