@@ -16,7 +16,8 @@ from simulator.profile import Profile
 from .baseline import OpStats, RunBaseline
 from .thresholds import STEP_ROW, LimitResolver
 
-#: Gate statuses of a profiled test, most severe first.
+#: Gate statuses of a profiled test, most severe first. ``not-gated``: profiled without
+#: ``--oam-baseline``, nothing compared.
 STATUS_ORDER = (
     "regressed",
     "invalid-baseline",
@@ -25,6 +26,7 @@ STATUS_ORDER = (
     "no-baseline",
     "improved",
     "pass",
+    "not-gated",
 )
 #: Counters compared for a regressed op type, with the share of change that counts as moved.
 COUNTER_FIELDS = ("count_per_step", "flop", "hbm_bytes", "dma_count", "mac_ratio", "vec_ratio", "mte2_ratio")

@@ -18,7 +18,8 @@ REPORT_SCHEMA_VERSION = 1
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 GateStatus = Literal[
-    "pass", "regressed", "improved", "no-baseline", "invalid-baseline", "incomparable", "missing-ops"
+    "pass", "regressed", "improved", "no-baseline", "invalid-baseline", "incomparable", "missing-ops",
+    "not-gated",
 ]
 
 
@@ -66,7 +67,7 @@ class RunReport(BaseModel):
     reasons: list[str] = Field(default_factory=list)
 
 
-class TestReport(BaseModel):
+class GateReport(BaseModel):
     """One profiled test of the run."""
 
     model_config = _CONFIG
@@ -86,7 +87,7 @@ class OamReport(BaseModel):
     schema_version: Literal[1] = REPORT_SCHEMA_VERSION
     pytest_oam_version: str
     baseline_dir: str | None
-    tests: list[TestReport]
+    tests: list[GateReport]
     status_counts: dict[str, int]
 
 
@@ -161,7 +162,7 @@ def failure_text(nodeid: str, baseline_path: str | None, parts: list[tuple[RunCo
     return "\n".join(out)
 
 
-def summary_table(tests: list[TestReport]) -> str:
+def summary_table(tests: list[GateReport]) -> str:
     rows = []
     for t in tests:
         if not t.runs:

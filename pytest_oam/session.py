@@ -199,6 +199,21 @@ class OamSession:
             if item.get_closest_marker("oam") is not None:
                 marker_settings(item)
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object):
+        # An xdist worker cannot end the session with a usage error (the controller reports a
+        # crashed worker), so a bad marker there becomes a collection error of its module,
+        # which stops the run before any test, with the same message.
+        result = yield
+        if self.is_worker:
+            for item in result if isinstance(result, list) else [result]:
+                if isinstance(item, pytest.Item) and item.get_closest_marker("oam") is not None:
+                    try:
+                        marker_settings(item)
+                    except pytest.UsageError as exc:
+                        raise collector.CollectError(str(exc)) from None
+        return result
+
     # -- the fixture ----------------------------------------------------------------------------
 
     def baseline_path(self, nodeid: str, folder: Path) -> Path:
@@ -235,7 +250,7 @@ class OamSession:
         from .baseline import BaselineFile
         from .compare import compare_run, summarize, worst_status
         from .diagnosis import diagnose
-        from .report import FindingReport, RunReport, TestReport, TopOp, VerdictReport, failure_text
+        from .report import FindingReport, GateReport, RunReport, TopOp, VerdictReport, failure_text
         from .thresholds import LimitResolver
 
         marker = marker_settings(item)
@@ -252,7 +267,7 @@ class OamSession:
             top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0) for k, v in top]
             status, reasons, base_step = "no-baseline", [], None
             if not gating:
-                status = "pass"
+                status = "not-gated"
             elif base_run is not None:
                 comparison = compare_run(i, base_run, current, resolver)
                 status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
@@ -278,7 +293,7 @@ class OamSession:
         if status == "no-baseline":
             message = "no baseline: run with --oam-save-baseline to create one"
         path = str(profiler.baseline_path) if profiler.baseline_path else None
-        report = TestReport(nodeid=item.nodeid, status=status, baseline_path=path, message=message,
+        report = GateReport(nodeid=item.nodeid, status=status, baseline_path=path, message=message,
                             runs=runs, verdicts=verdicts, findings=findings)
         result: dict[str, Any] = {"report": report.model_dump(mode="json")}
         if self.settings.save_dir is not None:
@@ -344,9 +359,9 @@ class OamSession:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.is_worker or not self.results:
             return
-        from .report import TestReport, summary_table
+        from .report import GateReport, summary_table
 
-        tests = [TestReport.model_validate(r) for r in self.results.values()]
+        tests = [GateReport.model_validate(r) for r in self.results.values()]
         tr = terminalreporter
         tr.write_sep("=", "oam performance gate")
         tr.write_line(summary_table(tests))
@@ -355,7 +370,7 @@ class OamSession:
                 worst = [v for v in t.verdicts if v.status == "regressed"]
                 detail = ", ".join(f"{v.op_type} {v.change_frac * 100:+.1f}% (limit {v.limit_frac * 100:.1f}%)" for v in worst)
                 tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
-            elif t.status != "pass":
+            elif t.status not in ("pass", "not-gated"):
                 tr.write_line(f"oam: {t.status} {t.nodeid}" + (f": {t.message}" if t.message else ""), yellow=True)
                 for run in t.runs:
                     for reason in run.reasons:
@@ -378,9 +393,9 @@ class OamSession:
         import pytest_oam
 
         from .fileio import atomic_write_text
-        from .report import OamReport, TestReport, dump_report
+        from .report import GateReport, OamReport, dump_report
 
-        tests = [TestReport.model_validate(r) for r in self.results.values()]
+        tests = [GateReport.model_validate(r) for r in self.results.values()]
         counts: dict[str, int] = {}
         for t in tests:
             counts[t.status] = counts.get(t.status, 0) + 1

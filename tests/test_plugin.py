@@ -366,3 +366,24 @@ def test_xdist_save_writes_from_controller(pytester) -> None:
     files = sorted(p.name for p in (pytester.path / "baselines").iterdir())
     assert files == sorted(baseline_filename(f"test_m{i}.py::test_model") for i in range(4))
     pytester.runpytest_subprocess("-n", "2", "--oam-baseline").assert_outcomes(passed=4)
+
+
+def test_xdist_bad_marker_stops_before_any_test(pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        test_a="def test_first(): pass\n",
+        test_model=MODEL_TEST.replace("{marker}", "import pytest\n@pytest.mark.oam(treshold=1)"),
+    )
+    result = pytester.runpytest_subprocess("-n", "2")
+    assert result.ret not in (pytest.ExitCode.OK, pytest.ExitCode.INTERNAL_ERROR)
+    result.stdout.fnmatch_lines(["*test_model.py::test_model: @pytest.mark.oam: unknown keyword 'treshold'*"])
+    assert "passed" not in result.stdout.str()
+
+
+def test_without_gate_the_status_is_not_gated(pytester) -> None:
+    make_test(pytester)
+    result = pytester.runpytest("--oam-report=r.json")
+    result.assert_outcomes(passed=1)
+    report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
+    assert [t.status for t in report.tests] == ["not-gated"]
+    assert report.tests[0].verdicts == []
