@@ -9,6 +9,7 @@ JSON report at the end. Only the controller writes files.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -271,7 +272,10 @@ class OamSession:
             elif base_run is not None:
                 comparison = compare_run(i, base_run, current, resolver)
                 status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
-                run_findings = diagnose(comparison, profile, current.ops)
+                run_findings = [
+                    dataclasses.replace(f, call_sites=[(self._display_site(site), t) for site, t in f.call_sites])
+                    for f in diagnose(comparison, profile, current.ops)
+                ]
                 verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
                 findings += [
                     FindingReport(run=i, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
@@ -292,7 +296,7 @@ class OamSession:
         status = worst_status(statuses)
         if status == "no-baseline":
             message = "no baseline: run with --oam-save-baseline to create one"
-        path = str(profiler.baseline_path) if profiler.baseline_path else None
+        path = self._display(profiler.baseline_path) if profiler.baseline_path else None
         report = GateReport(nodeid=item.nodeid, status=status, baseline_path=path, message=message,
                             runs=runs, verdicts=verdicts, findings=findings)
         result: dict[str, Any] = {"report": report.model_dump(mode="json")}
@@ -321,10 +325,11 @@ class OamSession:
         result["test_passed"] = report.passed
         report.oam_gate = result
         if text is not None:
-            report.sections.append(("oam performance gate", text))
             if report.passed:
                 report.outcome = "failed"
                 report.longrepr = text
+            else:  # the test failed on its own: keep its error, add the gate's report
+                report.sections.append(("oam performance gate", text))
         return report
 
     # -- controller side --------------------------------------------------------------------------
@@ -355,6 +360,11 @@ class OamSession:
             return str(Path(path).relative_to(self.config.invocation_params.dir))
         except ValueError:
             return str(path)
+
+    def _display_site(self, site: str) -> str:
+        """A ``file:line`` call site with the file relative to the invocation folder."""
+        file, sep, line = site.rpartition(":")
+        return f"{self._display(Path(file))}{sep}{line}" if sep else site
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.is_worker or not self.results:
