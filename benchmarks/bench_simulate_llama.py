@@ -20,7 +20,7 @@ REPEATS = 15
 
 def main() -> None:
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     times = []
     profile = None
     for _ in range(REPEATS):

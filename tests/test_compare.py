@@ -34,7 +34,7 @@ def test_real_configuration_change_is_caught_and_explained() -> None:
     # start-ups: a genuine kernel-configuration regression, no injected slowdown.
     comparison, current = compare(current_kwargs={"block_size": 64})
     assert comparison.status == "regressed"
-    assert [v.op_type for v in comparison.regressions][0] == "FlashAttention"
+    assert next(v.op_type for v in comparison.regressions) == "FlashAttention"
     (finding, *_) = diagnose(comparison, current, summarize(current).ops)
     assert finding.op_type == "FlashAttention"
     moved = {c.name for c in finding.counters}
