@@ -12,14 +12,23 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    StringConstraints,
+    ValidationError,
+)
 
 from .fileio import atomic_write_text
 
 SCHEMA_VERSION = 1
-_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
+OpType = Annotated[str, StringConstraints(min_length=1)]
 
 
 class OpStats(BaseModel):
@@ -48,7 +57,7 @@ class RunBaseline(BaseModel):
     steps: int = Field(ge=1)
     step_time_s: PositiveFloat
     tokens_per_step: int | None = Field(default=None, ge=1)
-    ops: dict[str, OpStats]
+    ops: dict[OpType, OpStats]
 
 
 class BaselineFile(BaseModel):

@@ -8,7 +8,6 @@ This module imports neither pytest nor the simulator runtime.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 from simulator.profile import Profile
@@ -34,12 +33,18 @@ COUNTER_MOVED_FRAC = 0.01
 
 
 def summarize(profile: Profile) -> RunBaseline:
-    """Reduce a profile to what a baseline stores: per-op-type statistics per step."""
-    steps = profile.steps
-    per_step: dict[str, list[float]] = {}
+    """Reduce a profile to what a baseline stores: per-op-type statistics.
+
+    ``time_s`` is :meth:`Profile.op_time_s` (median over the steps the op type ran in);
+    counters are per step in which it ran; pipe ratios are time-weighted means.
+
+    Raises:
+        ValueError: the profile holds no operator, so there is nothing to compare.
+    """
+    if not profile.ops:
+        raise ValueError("the workload ran no operator: there is nothing to profile")
     totals: dict[str, dict[str, float]] = {}
     for op in profile.ops:
-        per_step.setdefault(op.op_type, [0.0] * steps)[op.step] += op.duration_s
         t = totals.setdefault(
             op.op_type,
             {"count": 0.0, "flop": 0.0, "hbm_bytes": 0.0, "dma_count": 0.0, "time": 0.0, "mac": 0.0, "vec": 0.0, "mte2": 0.0},
@@ -53,14 +58,14 @@ def summarize(profile: Profile) -> RunBaseline:
         t["vec"] += op.vec_ratio * op.duration_s
         t["mte2"] += op.mte2_ratio * op.duration_s
     ops: dict[str, OpStats] = {}
-    for op_type, times in per_step.items():
-        t = totals[op_type]
-        median_s = statistics.median(times)
-        if median_s <= 0:
+    for op_type, t in totals.items():
+        time_s = profile.op_time_s(op_type)
+        if time_s <= 0:
             continue
+        steps = profile.op_steps(op_type)
         weight = t["time"] or 1.0
         ops[op_type] = OpStats(
-            time_s=median_s,
+            time_s=time_s,
             count_per_step=t["count"] / steps,
             flop=t["flop"] / steps,
             hbm_bytes=t["hbm_bytes"] / steps,
@@ -74,7 +79,7 @@ def summarize(profile: Profile) -> RunBaseline:
         devices=profile.devices,
         simulator_version=profile.simulator_version,
         workload_fingerprint=profile.workload_fingerprint,
-        steps=steps,
+        steps=profile.steps,
         step_time_s=profile.step_time_s,
         tokens_per_step=profile.tokens_per_step,
         ops=ops,
@@ -122,13 +127,24 @@ class RunComparison:
         return [v for v in self.verdicts if v.status == "regressed"]
 
 
-def _identity_mismatches(baseline: RunBaseline, current: RunBaseline) -> list[str]:
-    reasons = []
-    for name in ("hardware", "devices", "simulator_version", "workload_fingerprint"):
+#: Fields that make two runs incomparable: another device, job size or simulator.
+HARD_IDENTITY = ("hardware", "devices", "simulator_version")
+
+
+def _identity_mismatches(baseline: RunBaseline, current: RunBaseline) -> tuple[list[str], list[str]]:
+    """(hard mismatches, workload mismatches), each as human-readable reasons."""
+    hard = []
+    for name in HARD_IDENTITY:
         old, new = getattr(baseline, name), getattr(current, name)
         if old != new:
-            reasons.append(f"{name} differs: baseline {old!r}, current {new!r}")
-    return reasons
+            hard.append(f"{name} differs: baseline {old!r}, current {new!r}")
+    workload = []
+    if baseline.workload_fingerprint != current.workload_fingerprint:
+        workload.append(
+            "workload_fingerprint differs: the op sequence or shapes changed since the baseline "
+            f"({baseline.workload_fingerprint} -> {current.workload_fingerprint})"
+        )
+    return hard, workload
 
 
 def _verdict(op_type: str, base: float | None, cur: float | None, resolver: LimitResolver) -> Verdict:
@@ -155,18 +171,25 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
         for op_type in list(baseline.ops) + [o for o in current.ops if o not in baseline.ops]
     ]
     verdicts.append(_verdict(STEP_ROW, baseline.step_time_s, current.step_time_s, resolver))
-    reasons = _identity_mismatches(baseline, current)
+    hard, workload = _identity_mismatches(baseline, current)
+    reasons = hard + workload
     counters = {}
     for v in verdicts:
         if v.status == "regressed" and v.op_type in baseline.ops and v.op_type in current.ops:
             counters[v.op_type] = moved_counters(baseline.ops[v.op_type], current.ops[v.op_type])
     missing = [v.op_type for v in verdicts if v.status == "missing"]
-    if any(v.status == "regressed" for v in verdicts):
+    if missing:
+        reasons.append("op types in the baseline but not in this run: " + ", ".join(missing))
+    if hard:
+        # Another device, job size or simulator: the numbers are not comparable, so they
+        # neither fail nor pass the gate (the verdicts are kept for information).
+        status = "incomparable"
+    elif any(v.status == "regressed" for v in verdicts):
+        # A changed workload that got slower is still a regression of the code under test.
         status = "regressed"
     elif missing:
         status = "missing-ops"
-        reasons.append("op types in the baseline but not in this run: " + ", ".join(missing))
-    elif reasons:
+    elif workload:
         status = "incomparable"
     elif any(v.status == "improved" for v in verdicts):
         status = "improved"

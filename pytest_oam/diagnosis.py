@@ -31,6 +31,7 @@ class Finding:
     counters: list[CounterChange]
     call_sites: list[tuple[str, float]]
     advice: list[str]
+    kind: str = "regressed"  # or "new": an op type the baseline does not have
 
 
 def _severity(step_share: float) -> str:
@@ -93,7 +94,7 @@ def _call_sites(profile: Profile | None, op_type: str) -> list[tuple[str, float]
 def diagnose(
     comparison: RunComparison, profile: Profile | None = None, current: dict[str, OpStats] | None = None
 ) -> list[Finding]:
-    """Findings for each regressed op type, biggest time lost first.
+    """Findings for each regressed op type and each new one, biggest time first.
 
     ``current`` (op type -> stats of this run) adds the memory-bound check.
     """
@@ -114,6 +115,24 @@ def diagnose(
                 counters=counters,
                 call_sites=_call_sites(profile, v.op_type),
                 advice=_advice(v.op_type, counters, (current or {}).get(v.op_type)),
+            )
+        )
+    step_regressed = any(v.op_type == "step" and v.status == "regressed" for v in comparison.verdicts)
+    for v in comparison.verdicts:
+        if v.status != "new" or v.current_s is None:
+            continue
+        share = v.current_s / step_s if step_s > 0 else 0.0
+        findings.append(
+            Finding(
+                op_type=v.op_type,
+                severity=_severity(share) if step_regressed else "minor",
+                delta_s=v.current_s,
+                step_share_frac=share,
+                counters=[],
+                call_sites=_call_sites(profile, v.op_type),
+                advice=[f"{v.op_type} is new: the baseline has no such op type; remove the call if it "
+                        "was not intended, or accept it with --oam-save-baseline"],
+                kind="new",
             )
         )
     findings.sort(key=lambda f: -f.delta_s)

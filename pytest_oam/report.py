@@ -38,6 +38,7 @@ class VerdictReport(BaseModel):
 class FindingReport(BaseModel):
     model_config = _CONFIG
     run: int = Field(ge=0)
+    kind: Literal["regressed", "new"]
     op_type: str
     severity: Literal["critical", "major", "minor"]
     delta_s: float
@@ -131,7 +132,9 @@ def findings_text(findings: list[Finding]) -> str:
             f"[{f.severity}] {f.op_type}: +{fmt_time(f.delta_s)} per step "
             f"({fmt_frac(f.step_share_frac)} of the baseline step time)"
         )
-        if f.counters:
+        if f.kind == "new":
+            pass
+        elif f.counters:
             moved = ", ".join(
                 f"{c.name} {c.baseline:.4g} -> {c.current:.4g} ({fmt_frac(c.change_frac, True)})" for c in f.counters
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,26 @@ def _parse_entries(entries: list[str], where: str) -> dict[str, float]:
     return out
 
 
+def _check_baseline_dir(folder: Path, must_exist: bool) -> None:
+    """Refuse a baseline folder that cannot be one: a file, a test folder, or (when only
+    gating) a folder that does not exist, where every test would silently have no baseline."""
+    if folder.exists() and not folder.is_dir():
+        raise _usage(f"--oam-baseline: {folder} is a file, not a baseline folder")
+    if folder.is_dir():
+        tests = [p.name for p in folder.iterdir() if p.name == "conftest.py"
+                 or (p.suffix == ".py" and (p.name.startswith("test_") or p.stem.endswith("_test")))]
+        if tests:
+            raise _usage(
+                f"--oam-baseline: {folder} holds tests ({', '.join(sorted(tests)[:3])}), not baselines; "
+                "write --oam-baseline=DIR, or put the option after the test paths"
+            )
+    elif must_exist:
+        raise _usage(
+            f"--oam-baseline: baseline folder {folder} does not exist; "
+            "create baselines with --oam-save-baseline first"
+        )
+
+
 def settings_from_config(config: pytest.Config) -> OamSettings:
     """Resolve and validate the plugin's options.
 
@@ -92,6 +113,12 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
                 )
             baseline_dir = Path(config.invocation_params.dir, value)
     save_dir = (baseline_dir or default_dir) if opt.oam_save_baseline else None
+    for folder in {baseline_dir, save_dir} - {None}:
+        # A folder named on the command line must exist when only gating (a typo would
+        # otherwise turn every test into a green no-baseline); the ini default may not exist
+        # yet, and each test then reports no-baseline.
+        explicit = opt.oam_baseline not in (None, "")
+        _check_baseline_dir(folder, must_exist=explicit and save_dir is None)
     cli = _parse_entries(opt.oam_threshold or [], "--oam-threshold")
     ini = _parse_entries(config.getini("oam_thresholds"), "oam_thresholds (ini)")
     if opt.oam_hardware is not None:
@@ -102,6 +129,8 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
         if hardware != "ascend910":
             _check_hardware(hardware, "oam_hardware (ini)")
     report = Path(config.invocation_params.dir, opt.oam_report) if opt.oam_report else None
+    if report is not None and report.is_dir():
+        raise _usage(f"--oam-report: {report} is a folder; give a file path such as oam.json")
     return OamSettings(baseline_dir, save_dir, cli, ini, hardware, report)
 
 
@@ -143,6 +172,11 @@ def marker_settings(item: pytest.Item) -> MarkerSettings:
     return MarkerSettings(thresholds, hardware, devices)
 
 
+def _first(*values):
+    """The first value that is not ``None``."""
+    return next(v for v in values if v is not None)
+
+
 class OamProfiler:
     """The object the ``oam_profile`` fixture gives a test."""
 
@@ -153,6 +187,7 @@ class OamProfiler:
         self._marker = marker
         self.baseline = baseline
         self.baseline_path = baseline_path
+        self.baseline_error: str | None = None
         self.profiles: list[Profile] = []
 
     def run(self, workload, *args, steps: int = 1, hardware: str | None = None,
@@ -173,8 +208,8 @@ class OamProfiler:
             workload,
             *args,
             steps=steps,
-            hardware=hardware or self._marker.hardware or self._settings.hardware,
-            devices=devices or self._marker.devices or 1,
+            hardware=_first(hardware, self._marker.hardware, self._settings.hardware),
+            devices=_first(devices, self._marker.devices, 1),
             op_time_scale=op_time_scale,
             **kwargs,
         )
@@ -191,6 +226,8 @@ class OamSession:
         self.is_worker = hasattr(config, "workerinput")
         self.results: dict[str, dict[str, Any]] = {}
         self.written: list[str] = []
+        self.op_types_seen: set[str] = set()
+        self.report_error: str | None = None
         self.save_errors: list[str] = []
 
     # -- collection: validate markers before any test runs --------------------------------------
@@ -231,80 +268,109 @@ class OamSession:
         """
         from .baseline import BaselineError, load_baseline
 
-        baseline = path = None
+        baseline = path = error = None
         if self.settings.baseline_dir is not None:
             path = self.baseline_path(item.nodeid, self.settings.baseline_dir)
             if path.exists():
                 try:
                     baseline = load_baseline(path, item.nodeid)
-                except BaselineError:
+                except BaselineError as exc:
                     if self.settings.save_dir is None:
                         raise
-                    baseline = None  # the user asked to rewrite it
+                    error = str(exc)  # the user asked to rewrite it; reported, then replaced
         profiler = OamProfiler(item, self.settings, marker_settings(item), baseline, path)
+        profiler.baseline_error = error
         item.stash[_PROFILER_KEY] = profiler
         return profiler
 
     # -- the gate -------------------------------------------------------------------------------
 
     def _evaluate(self, item: pytest.Item, profiler: OamProfiler) -> tuple[dict[str, Any], str | None]:
+        """Compare the test's profiled runs with its baseline: (gate result, failure text)."""
         from .baseline import BaselineFile
         from .compare import compare_run, summarize, worst_status
         from .diagnosis import diagnose
         from .report import FindingReport, GateReport, RunReport, TopOp, VerdictReport, failure_text
-        from .thresholds import LimitResolver
+        from .thresholds import STEP_ROW, LimitResolver
 
         marker = marker_settings(item)
         resolver = LimitResolver.build(marker.thresholds, self.settings.cli_thresholds, self.settings.ini_thresholds)
-        summaries = [summarize(p) for p in profiler.profiles]
         baseline = profiler.baseline
         gating = self.settings.baseline_dir is not None
-        runs, verdicts, findings, statuses, parts = [], [], [], [], []
-        message = None
-        for i, (profile, current) in enumerate(zip(profiler.profiles, summaries)):
-            base_run = baseline.runs[i] if baseline is not None and i < len(baseline.runs) else None
-            step_s = profile.step_time_s
-            top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
-            top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0) for k, v in top]
-            status, reasons, base_step = "no-baseline", [], None
-            if not gating:
-                status = "not-gated"
-            elif base_run is not None:
-                comparison = compare_run(i, base_run, current, resolver)
-                status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
-                run_findings = [
-                    dataclasses.replace(f, call_sites=[(self._display_site(site), t) for site, t in f.call_sites])
-                    for f in diagnose(comparison, profile, current.ops)
-                ]
-                verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
-                findings += [
-                    FindingReport(run=i, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
-                                  step_share_frac=f.step_share_frac,
-                                  counters={c.name: (c.baseline, c.current) for c in f.counters},
-                                  call_sites=f.call_sites, advice=f.advice)
-                    for f in run_findings
-                ]
-                parts.append((comparison, run_findings, profile.hardware, profile.devices))
+        n_base = len(baseline.runs) if baseline is not None else 0
+        runs, verdicts, findings, statuses, parts, notes, summaries = [], [], [], [], [], [], []
+        op_types: set[str] = {STEP_ROW}
+        for i, profile in enumerate(profiler.profiles):
+            base_run = baseline.runs[i] if i < n_base else None
+            status, reasons, base_step, top_ops = "not-gated", [], None, []
+            try:
+                current = summarize(profile)
+            except ValueError as exc:  # the workload ran no operator
+                current, reasons = None, [str(exc)]
+                if gating:
+                    status = "missing-ops"
+            summaries.append(current)
+            step_s = profile.step_time_s if profile.ops else 0.0
+            if current is not None:
+                op_types.update(current.ops)
+                top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
+                top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0)
+                           for k, v in top]
+                if gating and base_run is None:
+                    status = "no-baseline"
+                elif gating:
+                    comparison = compare_run(i, base_run, current, resolver)
+                    status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
+                    run_findings = [
+                        dataclasses.replace(f, call_sites=[(self._display_site(site), t) for site, t in f.call_sites])
+                        for f in diagnose(comparison, profile, current.ops)
+                    ]
+                    verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
+                    findings += [
+                        FindingReport(run=i, kind=f.kind, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
+                                      step_share_frac=f.step_share_frac,
+                                      counters={c.name: (c.baseline, c.current) for c in f.counters},
+                                      call_sites=f.call_sites, advice=f.advice)
+                        for f in run_findings
+                    ]
+                    parts.append((comparison, run_findings, profile.hardware, profile.devices))
             statuses.append(status)
             runs.append(RunReport(index=i, status=status, hardware=profile.hardware, devices=profile.devices,
                                   step_time_s=step_s, baseline_step_time_s=base_step,
-                                  tokens_per_s=profile.tokens_per_s, top_ops=top_ops, reasons=reasons))
-        if gating and baseline is not None and len(baseline.runs) != len(profiler.profiles):
-            statuses.append("incomparable")
-            message = (f"the test made {len(profiler.profiles)} profiled runs; "
-                       f"its baseline holds {len(baseline.runs)}")
+                                  tokens_per_s=profile.tokens_per_s if profile.ops else None,
+                                  top_ops=top_ops, reasons=reasons))
+        if gating and n_base > len(profiler.profiles):
+            statuses.append("missing-ops")
+            notes.append(f"the test made {len(profiler.profiles)} profiled runs; its baseline holds {n_base}")
+        if gating and profiler.baseline_error:
+            statuses.append("invalid-baseline")
+            notes.append(f"{profiler.baseline_error} (replaced by --oam-save-baseline)")
         status = worst_status(statuses)
         if status == "no-baseline":
-            message = "no baseline: run with --oam-save-baseline to create one"
+            notes.append("no baseline yet: written by --oam-save-baseline" if self.settings.save_dir
+                         else "no baseline: run with --oam-save-baseline to create one")
+        unmatched = [p for p in marker.thresholds if not any(fnmatchcase(o, p) for o in op_types)]
+        if unmatched:
+            notes.append("@pytest.mark.oam thresholds match no op type of this test: " + ", ".join(unmatched)
+                         + " (op types are case-sensitive: " + ", ".join(sorted(op_types)) + ")")
         path = self._display(profiler.baseline_path) if profiler.baseline_path else None
-        report = GateReport(nodeid=item.nodeid, status=status, baseline_path=path, message=message,
-                            runs=runs, verdicts=verdicts, findings=findings)
-        result: dict[str, Any] = {"report": report.model_dump(mode="json")}
-        if self.settings.save_dir is not None:
-            new = BaselineFile(nodeid=item.nodeid, runs=summaries)
-            result["baseline"] = new.model_dump(mode="json")
+        report = GateReport(nodeid=item.nodeid, status=status, baseline_path=path,
+                            message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings)
+        result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
+        if self.settings.save_dir is not None and all(s is not None for s in summaries):
+            result["baseline"] = BaselineFile(nodeid=item.nodeid, runs=summaries).model_dump(mode="json")
         text = failure_text(item.nodeid, path, parts) if status in FAILING_STATUSES else None
         return result, text
+
+    def _missing_runs_result(self, item: pytest.Item, profiler: OamProfiler) -> dict[str, Any]:
+        from .report import GateReport
+
+        report = GateReport(
+            nodeid=item.nodeid, status="missing-ops",
+            baseline_path=self._display(profiler.baseline_path),
+            message=f"the test made no profiled run; its baseline holds {len(profiler.baseline.runs)}",
+        )
+        return {"report": report.model_dump(mode="json"), "op_types": []}
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -319,13 +385,25 @@ class OamSession:
                                               "baseline_path": exc.path, "message": str(exc)}}
             return report
         profiler = item.stash.get(_PROFILER_KEY, None)
-        if report.when != "call" or profiler is None or not profiler.profiles:
+        if report.when != "call" or profiler is None:
             return report
-        result, text = self._evaluate(item, profiler)
+        if not profiler.profiles:
+            if profiler.baseline is not None:
+                report.oam_gate = self._missing_runs_result(item, profiler)
+            return report
+        try:
+            result, text = self._evaluate(item, profiler)
+        except Exception:  # never crash the session: fail this test with the traceback
+            import traceback
+
+            report.outcome = "failed"
+            report.longrepr = "oam: internal error while gating this test:\n" + traceback.format_exc()
+            return report
         result["test_passed"] = report.passed
         report.oam_gate = result
         if text is not None:
-            if report.passed:
+            if report.passed or (report.skipped and not hasattr(report, "wasxfail")):
+                # A regression fails the test, even one that skips itself after profiling.
                 report.outcome = "failed"
                 report.longrepr = text
             else:  # the test failed on its own: keep its error, add the gate's report
@@ -339,6 +417,7 @@ class OamSession:
         if gate is None or self.is_worker:
             return
         self.results[report.nodeid] = gate["report"]
+        self.op_types_seen.update(gate.get("op_types", ()))
         baseline = gate.get("baseline")
         if baseline is not None and gate.get("test_passed") and self.settings.save_dir is not None:
             self._save(report.nodeid, baseline)
@@ -380,7 +459,7 @@ class OamSession:
                 worst = [v for v in t.verdicts if v.status == "regressed"]
                 detail = ", ".join(f"{v.op_type} {v.change_frac * 100:+.1f}% (limit {v.limit_frac * 100:.1f}%)" for v in worst)
                 tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
-            elif t.status not in ("pass", "not-gated"):
+            elif t.status not in ("pass", "not-gated") or t.message:
                 tr.write_line(f"oam: {t.status} {t.nodeid}" + (f": {t.message}" if t.message else ""), yellow=True)
                 for run in t.runs:
                     for reason in run.reasons:
@@ -392,14 +471,33 @@ class OamSession:
             if self.config.get_verbosity() > 0:
                 for path in self.written:
                     tr.write_line(f"    {path}")
+        patterns = {**self.settings.ini_thresholds, **self.settings.cli_thresholds}
+        unmatched = sorted(p for p in patterns if not any(fnmatchcase(o, p) for o in self.op_types_seen))
+        if unmatched:
+            tr.write_line(
+                "oam: thresholds match no op type of this run: " + ", ".join(unmatched)
+                + " (op types are case-sensitive: " + ", ".join(sorted(self.op_types_seen)) + ")",
+                yellow=True,
+            )
         for err in self.save_errors:
             tr.write_line(f"oam: {err}", red=True)
-        if self.settings.report_path is not None:
+        if self.settings.report_path is not None and self.report_error is None:
             tr.write_line(f"oam: wrote report {self._display(self.settings.report_path)}")
+        if self.report_error is not None:
+            tr.write_line(f"oam: {self.report_error}", red=True)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.is_worker or self.settings.report_path is None:
+        if self.is_worker:
             return
+        if self.settings.report_path is not None:
+            try:
+                self._write_report()
+            except (OSError, ValueError) as exc:
+                self.report_error = f"--oam-report: {self.settings.report_path} not written: {exc}"
+        if (self.save_errors or self.report_error) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write_report(self) -> None:
         import pytest_oam
 
         from .fileio import atomic_write_text

@@ -28,17 +28,22 @@ class ThresholdError(ValueError):
 def parse_limit(text: object) -> float:
     """``"2%"`` -> 0.02, ``"0.02"`` -> 0.02, ``0.02`` -> 0.02.
 
+    A bare number is a fraction and must be below 1 (``5`` would be 500%, almost always a
+    typo for ``5%``); limits of 100% or more are written with ``%``.
+
     Raises:
-        ThresholdError: not a number, not finite, or negative.
+        ThresholdError: not a number, not finite, negative, or a bare number of 1 or more.
     """
     if isinstance(text, bool):
         raise ThresholdError(f"limit {text!r} is not a number")
+    percent = False
     if isinstance(text, (int, float)):
         value = float(text)
     elif isinstance(text, str):
         raw = text.strip()
+        percent = raw.endswith("%")
         try:
-            value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
+            value = float(raw[:-1]) / 100.0 if percent else float(raw)
         except ValueError:
             raise ThresholdError(
                 f"limit {text!r} is not a percentage like '2%' or a fraction like '0.02'"
@@ -49,6 +54,11 @@ def parse_limit(text: object) -> float:
         raise ThresholdError(f"limit {text!r} is not finite")
     if value < 0:
         raise ThresholdError(f"limit {text!r} is negative")
+    if not percent and value >= 1:
+        raise ThresholdError(
+            f"limit {text!r} is a fraction of {value:g} ({value * 100:g}%); write '{value:g}%' for "
+            f"{value:g} percent, '{value / 100:g}' as a fraction, or '{value * 100:g}%' if you mean it"
+        )
     return value
 
 

@@ -220,8 +220,8 @@ def matmul_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     k_chunk = max(cu.fractal_k, k_chunk // cu.fractal_k * cu.fractal_k)
     k_chunks = _ceil_div(k, k_chunk)
     # Each block reads an A panel (m_t x K) and a B panel (K x n_t) and writes its C tile.
-    # The panels one wave shares come from HBM once per wave and from L2 for the other blocks
-    # of the wave; operands that fit in L2 whole come from HBM once.
+    # Operands that fit in L2 whole come from HBM once; otherwise the raster decides how
+    # often each panel comes from HBM, and the other reads are L2 hits.
     read_bytes = block_dim * (m_t + n_t) * k * elt
     unique_read_bytes = batch * (m * k + k * n) * elt
     write_bytes = batch * m * n * elt
@@ -229,14 +229,16 @@ def matmul_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     if (m * k + k * n) * elt * min(batch, cores) <= hw.memory.l2_bytes:
         hbm_read_bytes = unique_read_bytes
     else:
-        # Swizzled raster: each wave covers a rows x cols patch of C tiles chosen to need the
-        # fewest panels (CANN's matmul L2 tiling does the same).
-        waves = _ceil_div(block_dim, cores)
-        wave_bytes = k * elt * min(
-            rows * m_t + min(n_blocks, _ceil_div(cores, rows)) * n_t
-            for rows in range(1, min(m_blocks, cores) + 1)
+        # Swizzled raster: each wave covers a patch of rows x cols C tiles (rows x cols ~
+        # cores), so A is read from HBM once per patch column band and B once per patch row
+        # band (CANN's matmul L2 tiling does the same); the raster with the least traffic wins.
+        a_bytes, b_bytes = batch * m * k * elt, batch * k * n * elt
+        banded = min(
+            a_bytes * _ceil_div(n_blocks, min(n_blocks, _ceil_div(cores, rows)))
+            + b_bytes * _ceil_div(m_blocks, rows)
+            for rows in range(1, cores + 1)
         )
-        hbm_read_bytes = min(read_bytes, max(unique_read_bytes, waves * wave_bytes))
+        hbm_read_bytes = min(read_bytes, max(unique_read_bytes, banded))
     hbm_bytes = hbm_read_bytes + write_bytes
     l2_bytes = read_bytes - hbm_read_bytes
     kernel = _Kernel(

@@ -101,10 +101,11 @@ class Profile(BaseModel):
         return self.tokens_per_step / self.step_time_s
 
     @cached_property
-    def _op_time_by_step(self) -> dict[str, list[float]]:
-        table: dict[str, list[float]] = {}
+    def _op_time_by_step(self) -> dict[str, dict[int, float]]:
+        table: dict[str, dict[int, float]] = {}
         for op in self.ops:
-            table.setdefault(op.op_type, [0.0] * self.steps)[op.step] += op.duration_s
+            steps = table.setdefault(op.op_type, {})
+            steps[op.step] = steps.get(op.step, 0.0) + op.duration_s
         return table
 
     @property
@@ -113,12 +114,18 @@ class Profile(BaseModel):
         return list(self._op_time_by_step)
 
     def op_time_s(self, op_type: str) -> float:
-        """Total time of ``op_type`` within a step, median over steps, in seconds.
+        """Total time of ``op_type`` within a step, median over the steps it ran in, in seconds.
 
+        Counting only the steps an op type ran in keeps periodic ops (an optimizer step every
+        4th step of gradient accumulation) visible instead of a median of zero.
         Returns 0.0 for an op type the profile does not contain.
         """
         per_step = self._op_time_by_step.get(op_type)
-        return statistics.median(per_step) if per_step else 0.0
+        return statistics.median(per_step.values()) if per_step else 0.0
+
+    def op_steps(self, op_type: str) -> int:
+        """Number of steps in which ``op_type`` ran."""
+        return len(self._op_time_by_step.get(op_type, ()))
 
     def ops_of(self, op_type: str) -> list[OpRecord]:
         return [op for op in self.ops if op.op_type == op_type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -48,12 +49,20 @@ class Tensor:
 
 def _check_shape(op: str, shape: Sequence[int]) -> tuple[int, ...]:
     try:
-        dims = tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
+        dims = tuple(shape)
+    except TypeError:
         raise ShapeError(f"{op}: shape {shape!r} is not a sequence of integers") from None
-    if any(d != s for d, s in zip(dims, shape)) or any(d <= 0 for d in dims):
-        raise ShapeError(f"{op}: shape {list(shape)} must hold positive integers")
-    return dims
+    if not dims or any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d <= 0 for d in dims):
+        raise ShapeError(f"{op}: shape {list(dims)} must hold positive integers")
+    return tuple(int(d) for d in dims)
+
+
+def _check_tensors(op: str, **tensors: object) -> None:
+    for label, value in tensors.items():
+        if not isinstance(value, Tensor):
+            raise ShapeError(
+                f"{op}: {label} must be a Tensor (made with npu.tensor(shape, dtype)), got {type(value).__name__}"
+            )
 
 
 def _check_dtype(op: str, dtype: str) -> str:
@@ -196,6 +205,7 @@ class NPU:
             ShapeError: fewer than 2 dimensions, inner dimensions differ, batch mismatch,
                 or dtypes differ.
         """
+        _check_tensors("matmul", a=a, b=b)
         for t, label in ((a, "a"), (b, "b")):
             if len(t.shape) < 2:
                 raise ShapeError(f"matmul: {label} must have at least 2 dimensions, got {list(t.shape)}")
@@ -265,6 +275,7 @@ class NPU:
         Shapes as the forward; ``dout`` has q's shape. Returns (dq, dk, dv).
         """
         self._check_attention("flash_attention_grad", q, k, v, block_size, pipeline_stages)
+        _check_tensors("flash_attention_grad", dout=dout)
         if dout.shape != q.shape:
             raise ShapeError(f"flash_attention_grad: dout {list(dout.shape)} must match q {list(q.shape)}")
         attrs = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": bool(fusion), "causal": bool(causal)}
@@ -273,6 +284,7 @@ class NPU:
 
     @staticmethod
     def _check_attention(op: str, q: Tensor, k: Tensor, v: Tensor, block_size: int, stages: int) -> None:
+        _check_tensors(op, q=q, k=k, v=v)
         for t, label in ((q, "q"), (k, "k"), (v, "v")):
             if len(t.shape) != 4:
                 raise ShapeError(f"{op}: {label} must be (B, H, S, D), got {list(t.shape)}")
@@ -292,13 +304,17 @@ class NPU:
     # -- Vector unit ---------------------------------------------------------------------------
 
     def _elementwise(self, op_type: str, x: Tensor, *others: Tensor, name: str | None) -> Tensor:
-        for other in others:
-            if other.shape != x.shape and math.prod(other.shape) != x.shape[-1]:
-                raise ShapeError(
-                    f"{op_type}: shapes {list(x.shape)} and {list(other.shape)} do not broadcast"
-                )
-        self._emit(op_type, (x, *others), x.dtype, name)
-        return Tensor(x.shape, x.dtype)
+        _check_tensors(op_type, x=x, **{f"input {i + 2}": t for i, t in enumerate(others)})
+        import numpy as np
+
+        try:
+            out_shape = np.broadcast_shapes(x.shape, *(t.shape for t in others))
+        except ValueError:
+            shapes = " and ".join(str(list(t.shape)) for t in (x, *others))
+            raise ShapeError(f"{op_type}: shapes {shapes} do not broadcast") from None
+        out = Tensor(tuple(out_shape), x.dtype)
+        self._emit(op_type, (out, *others), x.dtype, name)
+        return out
 
     def add(self, a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
         """a + b (op type ``Add``); b may be a's shape or its last axis."""
@@ -338,11 +354,13 @@ class NPU:
 
     def cast(self, x: Tensor, dtype: str, *, name: str | None = None) -> Tensor:
         """Convert to ``dtype`` (op type ``Cast``)."""
+        _check_tensors("cast", x=x)
         _check_dtype("cast", dtype)
         self._emit("Cast", (x,), x.dtype, name, {"to": dtype})
         return Tensor(x.shape, dtype)
 
     def _norm(self, op_type: str, x: Tensor, params: Sequence[Tensor], name: str | None) -> Tensor:
+        _check_tensors(op_type, x=x, **{f"parameter {i + 1}": p for i, p in enumerate(params)})
         for p in params:
             if p.shape != (x.shape[-1],):
                 raise ShapeError(
@@ -373,6 +391,7 @@ class NPU:
 
     def embedding(self, ids: Tensor, table: Tensor, *, name: str | None = None) -> Tensor:
         """Row lookup (op type ``Embedding``). ids: any shape of int; table: (vocab, hidden)."""
+        _check_tensors("Embedding", ids=ids, table=table)
         if len(table.shape) != 2:
             raise ShapeError(f"Embedding: table must be (vocab, hidden), got {list(table.shape)}")
         if ids.dtype not in ("int32", "int64"):
@@ -382,6 +401,7 @@ class NPU:
 
     def embedding_grad(self, dy: Tensor, ids: Tensor, table: Tensor, *, name: str | None = None) -> Tensor:
         """Scatter-add of row gradients into the table (op type ``EmbeddingDenseGrad``)."""
+        _check_tensors("EmbeddingDenseGrad", dy=dy, ids=ids, table=table)
         if dy.shape != (*ids.shape, table.shape[1]):
             raise ShapeError(f"EmbeddingDenseGrad: dy {list(dy.shape)} must be ids shape + (hidden,)")
         self._emit("EmbeddingDenseGrad", (Tensor((ids.numel,), ids.dtype), table), table.dtype, name)
@@ -389,11 +409,13 @@ class NPU:
 
     def cross_entropy(self, logits: Tensor, *, name: str | None = None) -> Tensor:
         """Softmax cross entropy over the last axis (op type ``CrossEntropy``); returns the loss."""
+        _check_tensors("CrossEntropy", logits=logits)
         self._emit("CrossEntropy", (logits,), logits.dtype, name)
         return Tensor((1,), "fp32")
 
     def cross_entropy_grad(self, logits: Tensor, *, name: str | None = None) -> Tensor:
         """Gradient of :meth:`cross_entropy` with respect to the logits (``CrossEntropyGrad``)."""
+        _check_tensors("CrossEntropyGrad", logits=logits)
         self._emit("CrossEntropyGrad", (logits,), logits.dtype, name)
         return Tensor(logits.shape, logits.dtype)
 
@@ -405,10 +427,11 @@ class NPU:
 
     # -- HCCL collectives ---------------------------------------------------------------------
 
-    def _group(self, op: str, ranks: Sequence[int] | None) -> tuple[int, ...]:
+    def _group(self, op: str, ranks: Sequence[int] | None, x: object) -> tuple[int, ...]:
+        _check_tensors(op, x=x)
         group = tuple(range(self.devices)) if ranks is None else tuple(ranks)
         if not group or len(set(group)) != len(group) or any(
-            not isinstance(r, int) or r < 0 or r >= self.devices for r in group
+            isinstance(r, bool) or not isinstance(r, int) or r < 0 or r >= self.devices for r in group
         ):
             raise ValueError(
                 f"{op}: ranks {list(group)} must be distinct integers in [0, {self.devices})"
@@ -419,13 +442,13 @@ class NPU:
 
     def all_reduce(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
         """Sum ``x`` over the ranks (op type ``AllReduce``); default group: every card."""
-        group = self._group("AllReduce", ranks)
+        group = self._group("AllReduce", ranks, x)
         self._emit("AllReduce", (x,), x.dtype, name, {"ranks": group}, stream="hccl")
         return Tensor(x.shape, x.dtype)
 
     def all_gather(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
         """Concatenate each rank's ``x`` along axis 0 (op type ``AllGather``)."""
-        group = self._group("AllGather", ranks)
+        group = self._group("AllGather", ranks, x)
         out = Tensor((x.shape[0] * len(group), *x.shape[1:]), x.dtype)
         self._emit("AllGather", (out,), x.dtype, name, {"ranks": group}, stream="hccl")
         return out
@@ -436,7 +459,7 @@ class NPU:
         Raises:
             ShapeError: axis 0 is not divisible by the group size.
         """
-        group = self._group("ReduceScatter", ranks)
+        group = self._group("ReduceScatter", ranks, x)
         if x.shape[0] % len(group):
             raise ShapeError(f"ReduceScatter: axis 0 of {list(x.shape)} is not divisible by {len(group)} ranks")
         self._emit("ReduceScatter", (x,), x.dtype, name, {"ranks": group}, stream="hccl")

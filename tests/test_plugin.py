@@ -283,9 +283,15 @@ def test_plain(oam_profile):
 
 def test_explicit(oam_profile):
     assert oam_profile.run(mm, hardware="ascend910").hardware == "ascend910"
+
+def test_zero_devices_is_an_error(oam_profile):
+    with pytest.raises(ValueError, match="devices must be a positive integer, got 0"):
+        oam_profile.run(mm, devices=0)
+    with pytest.raises(ValueError, match="unknown hardware ''"):
+        oam_profile.run(mm, hardware="")
 """
     )
-    pytester.runpytest("--oam-hardware", "ascend910b").assert_outcomes(passed=3)
+    pytester.runpytest("--oam-hardware", "ascend910b").assert_outcomes(passed=4)
 
 
 def test_hardware_change_is_incomparable_not_pass(pytester) -> None:
@@ -389,3 +395,174 @@ def test_without_gate_the_status_is_not_gated(pytester) -> None:
     report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
     assert [t.status for t in report.tests] == ["not-gated"]
     assert report.tests[0].verdicts == []
+
+
+# -- regressions found by a newcomer review: each of these was green (or crashed) before --------
+
+
+def test_periodic_op_regression_is_caught_with_several_steps(pytester, monkeypatch) -> None:
+    # An optimizer step every 4th step (gradient accumulation): its median over all steps is 0.
+    pytester.makepyfile(
+        test_accum="""
+import os
+
+def train(npu, state, slow):
+    npu.matmul(npu.tensor((2048, 4096)), npu.tensor((4096, 4096)))
+    state["step"] += 1
+    if state["step"] % 4 == 0:
+        for _ in range(slow):
+            npu.adamw(100_000_000)
+
+def test_accum(oam_profile):
+    oam_profile.run(train, {"step": 0}, int(os.environ.get("SLOW", "1")), steps=8)
+"""
+    )
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    monkeypatch.setenv("SLOW", "3")
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["REGRESSED test_accum.py::test_accum: ApplyAdamW +200.0% (limit 10.0%)*"])
+
+
+@pytest.mark.parametrize(
+    ("arg", "needle"),
+    [
+        ("--oam-baseline=nonexistent", "*--oam-baseline: baseline folder *nonexistent does not exist*"),
+        ("--oam-baseline=afile.txt", "*--oam-baseline: *afile.txt is a file, not a baseline folder"),
+        ("--oam-baseline=.", "*--oam-baseline: * holds tests (test_model.py), not baselines*"),
+        ("--oam-report=.", "*--oam-report: * is a folder; give a file path such as oam.json"),
+    ],
+)
+def test_baseline_and_report_paths_that_cannot_work(pytester, arg, needle) -> None:
+    make_test(pytester)
+    (pytester.path / "afile.txt").write_text("x")
+    result = pytester.runpytest(arg)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([needle])
+
+
+def test_regression_then_skip_still_fails(pytester, monkeypatch) -> None:
+    pytester.makepyfile(
+        test_model=MODEL_TEST.replace("{marker}", "import pytest")
+        + "    if os.environ.get('SKIP'):\n        pytest.skip('done')\n"
+    )
+    save(pytester)
+    slow(monkeypatch, FlashAttention=1.5)
+    monkeypatch.setenv("SKIP", "1")
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_bare_limit_of_one_or_more_is_refused(pytester) -> None:
+    make_test(pytester)
+    result = pytester.runpytest("--oam-threshold", "MatMul=5")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*limit '5' is a fraction of 5 (500%); write '5%' for 5 percent*"])
+
+
+def test_threshold_matching_no_op_type_is_reported(pytester) -> None:
+    make_test(pytester, marker='import pytest\n@pytest.mark.oam(thresholds={"Matmul": "1%"})')
+    result = pytester.runpytest("--oam-threshold", "matmul=5%")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "oam: not-gated test_model.py::test_model: @pytest.mark.oam thresholds match no op type of this test: Matmul*",
+        "oam: thresholds match no op type of this run: matmul (op types are case-sensitive: FlashAttention, MatMul, step)",
+    ])
+
+
+def test_test_that_stops_profiling_is_missing_ops(pytester, monkeypatch) -> None:
+    pytester.makepyfile(
+        test_runs="""
+import os
+
+def mm(npu):
+    npu.matmul(npu.tensor((256, 256)), npu.tensor((256, 256)))
+
+def test_runs(oam_profile):
+    for _ in range(int(os.environ.get("RUNS", "2"))):
+        oam_profile.run(mm)
+"""
+    )
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    for runs, message in (("1", "the test made 1 profiled runs; its baseline holds 2"),
+                          ("0", "the test made no profiled run; its baseline holds 2")):
+        monkeypatch.setenv("RUNS", runs)
+        result = pytester.runpytest("--oam-baseline", "--oam-report=r.json")
+        result.stdout.fnmatch_lines([f"oam: missing-ops test_runs.py::test_runs: {message}*"])
+        report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
+        assert [t.status for t in report.tests] == ["missing-ops"]
+
+
+def test_other_hardware_is_incomparable_even_when_slower(pytester) -> None:
+    make_test(pytester)
+    pytester.runpytest("--oam-save-baseline", "--oam-hardware=ascend910b").assert_outcomes(passed=1)
+    result = pytester.runpytest("--oam-baseline")  # ascend910 is slower than the 910B
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["oam: incomparable test_model.py::test_model*", "*hardware differs*"])
+
+
+def test_workload_without_ops_does_not_crash(pytester) -> None:
+    pytester.makepyfile(
+        test_empty="""
+def nothing(npu):
+    npu.tensor((4, 4))
+
+def test_empty(oam_profile):
+    oam_profile.run(nothing)
+
+def test_after():
+    pass
+"""
+    )
+    result = pytester.runpytest("--oam-save-baseline", "--oam-report=r.json")
+    result.assert_outcomes(passed=2)
+    assert "INTERNALERROR" not in result.stdout.str()
+    assert not (pytester.path / "baselines").exists()
+
+
+def test_failed_baseline_write_fails_the_run(pytester) -> None:
+    make_test(pytester)
+    (pytester.path / "baselines").mkdir()
+    (pytester.path / "baselines" / baseline_filename(NODEID)).mkdir()  # a folder where the file goes
+    result = pytester.runpytest("--oam-save-baseline")
+    result.stdout.fnmatch_lines(["oam: *not written*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_new_op_is_diagnosed_when_the_step_regresses(pytester, monkeypatch) -> None:
+    pytester.makepyfile(
+        test_new="""
+import os
+
+def model(npu):
+    x = npu.tensor((4096, 4096))
+    npu.matmul(x, x)
+    if os.environ.get("EXTRA"):
+        for _ in range(40):
+            npu.gelu(x)
+
+def test_new(oam_profile):
+    oam_profile.run(model)
+"""
+    )
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    monkeypatch.setenv("EXTRA", "1")
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*GeLU*new*", "*step*REGRESSED*", "*[[]critical] GeLU*", "*where: test_new.py:8*", "*GeLU is new*"])
+
+
+def test_files_are_written_with_the_usual_mode(pytester) -> None:
+    make_test(pytester)
+    pytester.runpytest("--oam-save-baseline", "--oam-report=r.json").assert_outcomes(passed=1)
+    for path in (baseline_file(pytester), pytester.path / "r.json"):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -71,6 +71,11 @@ def test_op_time_scale_slows_only_that_op() -> None:
          r"Add: shapes \[4, 8\] and \[3, 8\] do not broadcast"),
         (lambda npu: npu.rms_norm(npu.tensor((4, 8)), npu.tensor((4,))), ShapeError,
          r"RmsNorm: parameter shape \[4\] must be \(8,\)"),
+        (lambda npu: npu.tensor((True, 64)), ShapeError, r"tensor: shape \[True, 64\] must hold positive integers"),
+        (lambda npu: npu.add(npu.tensor((64, 64)), npu.tensor((8, 8))), ShapeError,
+         r"Add: shapes \[64, 64\] and \[8, 8\] do not broadcast"),
+        (lambda npu: npu.matmul((64, 64), npu.tensor((64, 64))), ShapeError,
+         r"matmul: a must be a Tensor \(made with npu.tensor\(shape, dtype\)\), got tuple"),
         (lambda npu: npu.all_reduce(npu.tensor((4,)), ranks=[0, 9]), ValueError,
          r"AllReduce: ranks \[0, 9\] must be distinct integers in \[0, 1\)"),
     ],
@@ -78,6 +83,15 @@ def test_op_time_scale_slows_only_that_op() -> None:
 def test_bad_shapes_name_the_op(workload, error, message) -> None:
     with pytest.raises(error, match=message):
         simulator.run(workload)
+
+
+def test_broadcasting_follows_numpy_rules() -> None:
+    def work(npu):
+        npu.add(npu.tensor((8, 64, 64)), npu.tensor((64,)))
+        npu.mul(npu.tensor((8, 1, 64)), npu.tensor((8, 64, 1)))
+
+    profile = simulator.run(work)
+    assert [op.input_shapes[0] for op in profile.ops] == [[8, 64, 64], [8, 64, 64]]
 
 
 def test_bad_run_arguments() -> None:
