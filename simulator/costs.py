@@ -416,7 +416,8 @@ def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     align = max(1, VECTOR_BLOCK_BYTES // elt)
     cores = hw.ai_core.vector_core_count
     block_dim = min(cores, _ceil_div(elements, align))
-    elements_per_block = _ceil_div(elements, block_dim)
+    # The Vector unit works on whole 32-byte blocks, so a core's share rounds up to one.
+    elements_per_block = _round_up(_ceil_div(elements, block_dim), align)
     chunks_per_core = _ceil_div(elements_per_block, chunk_elements)
     grains = max(1.0, elements_per_block / chunk_elements)
     total_bytes = elements * bytes_per_element
