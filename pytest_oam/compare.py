@@ -121,6 +121,7 @@ class RunComparison:
     current_step_s: float
     reasons: list[str] = field(default_factory=list)
     counters: dict[str, list[CounterChange]] = field(default_factory=dict)
+    compared_nothing: bool = False
 
     @property
     def regressions(self) -> list[Verdict]:
@@ -178,7 +179,11 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
         if v.status == "regressed" and v.op_type in baseline.ops and v.op_type in current.ops:
             counters[v.op_type] = moved_counters(baseline.ops[v.op_type], current.ops[v.op_type])
     missing = [v.op_type for v in verdicts if v.status == "missing"]
-    if missing:
+    compared_nothing = bool(baseline.ops) and len(missing) == len(baseline.ops)
+    if compared_nothing:
+        reasons.append("nothing could be compared: no op type of the baseline is in this run ("
+                       + ", ".join(missing) + ")")
+    elif missing:
         reasons.append("op types in the baseline but not in this run: " + ", ".join(missing))
     if hard:
         # Another device, job size or simulator: the numbers are not comparable, so they
@@ -195,7 +200,9 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
         status = "improved"
     else:
         status = "pass"
-    return RunComparison(index, status, verdicts, baseline.step_time_s, current.step_time_s, reasons, counters)
+    return RunComparison(
+        index, status, verdicts, baseline.step_time_s, current.step_time_s, reasons, counters, compared_nothing
+    )
 
 
 def moved_counters(baseline: OpStats, current: OpStats) -> list[CounterChange]:

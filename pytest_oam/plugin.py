@@ -51,14 +51,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--oam-report",
-        action="store",
+        action="append",
         default=None,
-        metavar="PATH.json",
-        help="Write a machine-readable JSON report of the gate to PATH.json",
+        metavar="PATH",
+        help="Write a report of the gate: PATH.json (machine-readable) or PATH.md (Markdown); repeatable",
+    )
+    group.addoption(
+        "--oam-strict",
+        action="store_true",
+        default=False,
+        help="Fail tests whose gate status is no-baseline, incomparable or missing-ops",
+    )
+    group.addoption(
+        "--oam-fail-on-improvement",
+        action="store_true",
+        default=False,
+        help="Fail tests that got faster than their limit (the baseline is stale)",
+    )
+    group.addoption(
+        "--oam-prune",
+        action="store_true",
+        default=False,
+        help="With --oam-save-baseline on a full run: delete baselines of tests that no longer exist",
     )
     parser.addini("oam_baseline_dir", "Folder of baseline files, relative to the ini file", default="baselines")
     parser.addini("oam_thresholds", "Regression limits, one OP=LIMIT per line", type="linelist", default=[])
     parser.addini("oam_hardware", "Simulated hardware for profiled tests", default="ascend910")
+    parser.addini("oam_strict", "Same as --oam-strict", type="bool", default=False)
+    parser.addini("oam_fail_on_improvement", "Same as --oam-fail-on-improvement", type="bool", default=False)
 
 
 @pytest.hookimpl(trylast=True)

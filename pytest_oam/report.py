@@ -69,11 +69,12 @@ class RunReport(BaseModel):
 
 
 class GateReport(BaseModel):
-    """One profiled test of the run."""
+    """One profiled test of the run. ``failed``: the gate failed the test."""
 
     model_config = _CONFIG
     nodeid: str
     status: GateStatus
+    failed: bool = False
     baseline_path: str | None = None
     message: str | None = None
     runs: list[RunReport] = Field(default_factory=list)
@@ -148,11 +149,18 @@ def findings_text(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def failure_text(nodeid: str, baseline_path: str | None, parts: list[tuple[RunComparison, list[Finding], str, int]]) -> str:
-    """The report section of a failed gate: per run, the verdict table and the diagnosis."""
-    out = [f"oam performance gate: REGRESSED {nodeid}"]
+def failure_text(
+    nodeid: str,
+    status: str,
+    baseline_path: str | None,
+    parts: list[tuple[RunComparison, list[Finding], str, int]],
+    notes: list[str],
+) -> str:
+    """The report of a failed gate: why, then per compared run the verdicts and the diagnosis."""
+    out = [f"oam performance gate: {status.upper()} {nodeid}"]
     if baseline_path:
         out.append(f"baseline: {baseline_path}")
+    out.extend(f"note: {note}" for note in notes)
     for comparison, findings, hardware, devices in parts:
         out.append("")
         out.append(f"run {comparison.index + 1}: {hardware} x {devices}, status {comparison.status}")
@@ -165,7 +173,7 @@ def failure_text(nodeid: str, baseline_path: str | None, parts: list[tuple[RunCo
     return "\n".join(out)
 
 
-def summary_table(tests: list[GateReport]) -> str:
+def summary_table(tests: list[GateReport], fmt: str = "simple") -> str:
     rows = []
     for t in tests:
         if not t.runs:
@@ -176,8 +184,36 @@ def summary_table(tests: list[GateReport]) -> str:
             label = t.nodeid if r.index == 0 else f"  run {r.index + 1}"
             rows.append((label, f"{r.hardware} x{r.devices}", fmt_time(r.step_time_s), fmt_rate(r.tokens_per_s),
                          r.status if len(t.runs) > 1 else t.status, top))
-    return tabulate(rows, headers=("test", "hardware", "step time", "tokens/s", "gate", "top operators"))
+    return tabulate(rows, headers=("test", "hardware", "step time", "tokens/s", "gate", "top operators"),
+                    tablefmt=fmt)
 
 
 def dump_report(report: OamReport) -> str:
     return json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def markdown_report(report: OamReport) -> str:
+    """The report as GitHub-flavoured Markdown (for a CI job summary)."""
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(report.status_counts.items()))
+    failed = [t for t in report.tests if t.failed]
+    lines = [
+        "## oam performance gate",
+        "",
+        f"**{'FAILED' if failed else 'passed'}**: {len(report.tests)} profiled tests ({counts or 'none'})",
+        "",
+        summary_table(report.tests, fmt="github"),
+    ]
+    for t in failed:
+        lines += ["", f"### {t.status}: `{t.nodeid}`"]
+        if t.message:
+            lines += ["", t.message]
+        rows = [(v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
+                 fmt_frac(v.limit_frac), v.status) for v in t.verdicts if v.status != "pass"]
+        if rows:
+            lines += ["", tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),
+                                   tablefmt="github")]
+        for f in t.findings:
+            where = "; ".join(site for site, _ in f.call_sites) or "-"
+            lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step, at {where}: "
+                      + " ".join(f.advice)]
+    return "\n".join(lines) + "\n"

@@ -27,9 +27,12 @@ if TYPE_CHECKING:
 OAM_SESSION_KEY = pytest.StashKey["OamSession"]()
 _PROFILER_KEY = pytest.StashKey["OamProfiler"]()
 MARKER_KEYWORDS = ("thresholds", "hardware", "devices")
-#: Statuses that fail the test.
+#: Statuses that fail the test always, with --oam-strict, with --oam-fail-on-improvement.
 FAILING_STATUSES = ("regressed",)
+STRICT_STATUSES = ("no-baseline", "incomparable", "missing-ops")
+IMPROVEMENT_STATUSES = ("improved",)
 TOP_OPS = 3
+REPORT_FORMATS = (".json", ".md")
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,19 @@ class OamSettings:
     cli_thresholds: dict[str, float]
     ini_thresholds: dict[str, float]
     hardware: str
-    report_path: Path | None
+    report_paths: tuple[Path, ...]
+    strict: bool = False
+    fail_on_improvement: bool = False
+    prune: bool = False
+
+    def fails(self, status: str, compared_nothing: bool = False) -> bool:
+        """Does a test with this gate status fail?"""
+        return (
+            status in FAILING_STATUSES
+            or compared_nothing
+            or (self.strict and status in STRICT_STATUSES)
+            or (self.fail_on_improvement and status in IMPROVEMENT_STATUSES)
+        )
 
 
 def _usage(message: str) -> pytest.UsageError:
@@ -128,10 +143,21 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
         hardware = config.getini("oam_hardware") or "ascend910"
         if hardware != "ascend910":
             _check_hardware(hardware, "oam_hardware (ini)")
-    report = Path(config.invocation_params.dir, opt.oam_report) if opt.oam_report else None
-    if report is not None and report.is_dir():
-        raise _usage(f"--oam-report: {report} is a folder; give a file path such as oam.json")
-    return OamSettings(baseline_dir, save_dir, cli, ini, hardware, report)
+    reports = tuple(Path(config.invocation_params.dir, p) for p in opt.oam_report or [])
+    for report in reports:
+        if report.is_dir():
+            raise _usage(f"--oam-report: {report} is a folder; give a file path such as oam.json")
+        if report.suffix.lower() not in REPORT_FORMATS:
+            raise _usage(f"--oam-report: {report} must end in {' or '.join(REPORT_FORMATS)}")
+    prune = bool(opt.oam_prune)
+    if prune and save_dir is None:
+        raise _usage("--oam-prune: deletes stale baselines only together with --oam-save-baseline")
+    return OamSettings(
+        baseline_dir, save_dir, cli, ini, hardware, reports,
+        strict=bool(opt.oam_strict or config.getini("oam_strict")),
+        fail_on_improvement=bool(opt.oam_fail_on_improvement or config.getini("oam_fail_on_improvement")),
+        prune=prune,
+    )
 
 
 @dataclass(frozen=True)
@@ -227,10 +253,24 @@ class OamSession:
         self.results: dict[str, dict[str, Any]] = {}
         self.written: list[str] = []
         self.op_types_seen: set[str] = set()
-        self.report_error: str | None = None
+        self.report_errors: dict[Path, str] = {}
+        self.pruned: list[str] = []
+        self.collected: set[str] = set()
+        self.deselected = False
+        self.prune_refused: str | None = None
         self.save_errors: list[str] = []
 
     # -- collection: validate markers before any test runs --------------------------------------
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected.update(item.nodeid for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        self.collected.update(ids)
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.deselected = True
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
@@ -341,7 +381,8 @@ class OamSession:
                                   top_ops=top_ops, reasons=reasons))
         if gating and n_base > len(profiler.profiles):
             statuses.append("missing-ops")
-            notes.append(f"the test made {len(profiler.profiles)} profiled runs; its baseline holds {n_base}")
+            made = f"{len(profiler.profiles)} profiled runs" if profiler.profiles else "no profiled run"
+            notes.append(f"the test made {made}; its baseline holds {n_base}")
         if gating and profiler.baseline_error:
             statuses.append("invalid-baseline")
             notes.append(f"{profiler.baseline_error} (replaced by --oam-save-baseline)")
@@ -354,23 +395,15 @@ class OamSession:
             notes.append("@pytest.mark.oam thresholds match no op type of this test: " + ", ".join(unmatched)
                          + " (op types are case-sensitive: " + ", ".join(sorted(op_types)) + ")")
         path = self._display(profiler.baseline_path) if profiler.baseline_path else None
-        report = GateReport(nodeid=item.nodeid, status=status, baseline_path=path,
+        compared_nothing = any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiler.profiles)
+        failed = self.settings.fails(status, compared_nothing)
+        report = GateReport(nodeid=item.nodeid, status=status, failed=failed, baseline_path=path,
                             message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings)
         result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
-        if self.settings.save_dir is not None and all(s is not None for s in summaries):
+        if self.settings.save_dir is not None and summaries and all(s is not None for s in summaries):
             result["baseline"] = BaselineFile(nodeid=item.nodeid, runs=summaries).model_dump(mode="json")
-        text = failure_text(item.nodeid, path, parts) if status in FAILING_STATUSES else None
+        text = failure_text(item.nodeid, status, path, parts, notes) if failed else None
         return result, text
-
-    def _missing_runs_result(self, item: pytest.Item, profiler: OamProfiler) -> dict[str, Any]:
-        from .report import GateReport
-
-        report = GateReport(
-            nodeid=item.nodeid, status="missing-ops",
-            baseline_path=self._display(profiler.baseline_path),
-            message=f"the test made no profiled run; its baseline holds {len(profiler.baseline.runs)}",
-        )
-        return {"report": report.model_dump(mode="json"), "op_types": []}
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -387,9 +420,7 @@ class OamSession:
         profiler = item.stash.get(_PROFILER_KEY, None)
         if report.when != "call" or profiler is None:
             return report
-        if not profiler.profiles:
-            if profiler.baseline is not None:
-                report.oam_gate = self._missing_runs_result(item, profiler)
+        if not profiler.profiles and profiler.baseline is None:
             return report
         try:
             result, text = self._evaluate(item, profiler)
@@ -446,7 +477,7 @@ class OamSession:
         return f"{self._display(Path(file))}{sep}{line}" if sep else site
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.is_worker or not self.results:
+        if self.is_worker or not (self.results or self.pruned or self.prune_refused):
             return
         from .report import GateReport, summary_table
 
@@ -460,10 +491,12 @@ class OamSession:
                 detail = ", ".join(f"{v.op_type} {v.change_frac * 100:+.1f}% (limit {v.limit_frac * 100:.1f}%)" for v in worst)
                 tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
             elif t.status not in ("pass", "not-gated") or t.message:
-                tr.write_line(f"oam: {t.status} {t.nodeid}" + (f": {t.message}" if t.message else ""), yellow=True)
+                color = {"red": True, "bold": True} if t.failed else {"yellow": True}
+                prefix = f"FAILED ({t.status})" if t.failed else f"oam: {t.status}"
+                tr.write_line(f"{prefix} {t.nodeid}" + (f": {t.message}" if t.message else ""), **color)
                 for run in t.runs:
                     for reason in run.reasons:
-                        tr.write_line(f"    {reason}", yellow=True)
+                        tr.write_line(f"    {reason}", **color)
         if self.written:
             folder = self.settings.save_dir
             noun = "baseline" if len(self.written) == 1 else "baselines"
@@ -481,27 +514,77 @@ class OamSession:
             )
         for err in self.save_errors:
             tr.write_line(f"oam: {err}", red=True)
-        if self.settings.report_path is not None and self.report_error is None:
-            tr.write_line(f"oam: wrote report {self._display(self.settings.report_path)}")
-        if self.report_error is not None:
-            tr.write_line(f"oam: {self.report_error}", red=True)
+        for line in self.pruned:
+            tr.write_line(f"oam: pruned stale baseline {line}")
+        if self.prune_refused:
+            tr.write_line(f"oam: {self.prune_refused}", yellow=True)
+        for path in self.settings.report_paths:
+            if path not in self.report_errors:
+                tr.write_line(f"oam: wrote report {self._display(path)}")
+        for error in self.report_errors.values():
+            tr.write_line(f"oam: {error}", red=True)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.is_worker:
             return
-        if self.settings.report_path is not None:
+        if self.settings.prune:
+            self._prune(session)
+        for path in self.settings.report_paths:
             try:
-                self._write_report()
+                self._write_report(path)
             except (OSError, ValueError) as exc:
-                self.report_error = f"--oam-report: {self.settings.report_path} not written: {exc}"
-        if (self.save_errors or self.report_error) and session.exitstatus == pytest.ExitCode.OK:
+                self.report_errors[path] = f"--oam-report: {path} not written: {exc}"
+        if (self.save_errors or self.report_errors) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def _write_report(self) -> None:
+    def _prune_refusal(self, session: pytest.Session) -> str | None:
+        """Why this run may not prune (a partial run would delete baselines of unselected tests)."""
+        opt = self.config.option
+        reasons = [flag for flag, given in (
+            ("-k", getattr(opt, "keyword", "")), ("-m", getattr(opt, "markexpr", "")),
+            ("--lf", getattr(opt, "lf", False)), ("--deselect", getattr(opt, "deselect", None)),
+        ) if given]
+        if any("::" in str(arg) for arg in self.config.args):
+            reasons.append("a test id on the command line")
+        if self.deselected:
+            reasons.append("deselected tests")
+        if session.testsfailed and session.shouldfail or session.shouldstop:
+            reasons.append("the run stopped early")
+        if session.exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR):
+            reasons.append("the run was interrupted")
+        if not self.collected:
+            reasons.append("no test was collected")
+        return ", ".join(reasons) or None
+
+    def _prune(self, session: pytest.Session) -> None:
+        """Delete baselines of tests that the collected paths no longer contain."""
+        from .baseline import BaselineError, load_baseline
+
+        refusal = self._prune_refusal(session)
+        if refusal:
+            self.prune_refused = f"--oam-prune: not a full run ({refusal}); nothing deleted"
+            return
+        folder = self.settings.save_dir
+        if folder is None or not folder.is_dir():
+            return
+        scopes = [Path(self.config.invocation_params.dir, str(arg)).resolve() for arg in self.config.args]
+        root = self.config.rootpath
+        for path in sorted(folder.glob("*.json")):
+            try:
+                nodeid = load_baseline(path).nodeid
+            except BaselineError:
+                continue  # not ours to judge: leave unreadable files alone
+            test_file = (root / nodeid.split("::")[0]).resolve()
+            in_scope = any(test_file == scope or scope in test_file.parents for scope in scopes)
+            if in_scope and nodeid not in self.collected:
+                path.unlink()
+                self.pruned.append(f"{self._display(path)} ({nodeid})")
+
+    def _write_report(self, path: Path) -> None:
         import pytest_oam
 
         from .fileio import atomic_write_text
-        from .report import GateReport, OamReport, dump_report
+        from .report import GateReport, OamReport, dump_report, markdown_report
 
         tests = [GateReport.model_validate(r) for r in self.results.values()]
         counts: dict[str, int] = {}
@@ -513,4 +596,5 @@ class OamSession:
             tests=tests,
             status_counts=counts,
         )
-        atomic_write_text(self.settings.report_path, dump_report(report))
+        text = markdown_report(report) if path.suffix.lower() == ".md" else dump_report(report)
+        atomic_write_text(path, text)

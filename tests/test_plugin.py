@@ -485,11 +485,15 @@ def test_runs(oam_profile):
 """
     )
     pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
-    for runs, message in (("1", "the test made 1 profiled runs; its baseline holds 2"),
-                          ("0", "the test made no profiled run; its baseline holds 2")):
+    # One run of two still compares something: a visible line. No run compares nothing: fails.
+    for runs, line, outcome in (
+        ("1", "oam: missing-ops test_runs.py::test_runs: the test made 1 profiled runs; its baseline holds 2", "passed"),
+        ("0", "FAILED (missing-ops) test_runs.py::test_runs: the test made no profiled run; its baseline holds 2", "failed"),
+    ):
         monkeypatch.setenv("RUNS", runs)
         result = pytester.runpytest("--oam-baseline", "--oam-report=r.json")
-        result.stdout.fnmatch_lines([f"oam: missing-ops test_runs.py::test_runs: {message}*"])
+        result.assert_outcomes(**{outcome: 1})
+        result.stdout.fnmatch_lines([line + "*"])
         report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
         assert [t.status for t in report.tests] == ["missing-ops"]
 
