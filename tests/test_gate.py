@@ -1,0 +1,233 @@
+"""A gate that cannot be fooled: each scenario with and without pytest-xdist (-n 2)."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from pytest_oam.baseline import BaselineFile, baseline_filename, load_baseline
+from pytest_oam.report import OamReport
+
+pytest.importorskip("xdist")
+
+SUITE = """
+import json, os
+import pytest
+
+SCALE = json.loads(os.environ.get("OAM_TEST_SCALE", "{}"))
+RENAME = os.environ.get("OAM_RENAME")
+
+def flash(npu, seq_len):
+    q = npu.tensor((1, 8, seq_len, 128))
+    npu.flash_attention(q, q, q)
+
+def gemm(npu, n):
+    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))
+
+def model(npu):
+    if RENAME:  # the same work under other op types
+        q = npu.tensor((1, 8, 1024, 128))
+        npu.softmax(q)
+        npu.matmul(npu.tensor((2, 512, 512)), npu.tensor((2, 512, 512)))
+        return
+    flash(npu, 1024)
+    gemm(npu, 1024)
+
+@pytest.mark.parametrize("seq_len", [512, 1024, 2048, 4096])
+def test_flash(oam_profile, seq_len):
+    oam_profile.run(flash, seq_len, op_time_scale=SCALE)
+
+@pytest.mark.parametrize("n", [256, 512, 1024, 2048])
+def test_gemm(oam_profile, n):
+    oam_profile.run(gemm, n, op_time_scale=SCALE)
+
+def test_model(oam_profile):
+    oam_profile.run(model, op_time_scale=SCALE)
+"""
+FLASH_IDS = [f"test_suite.py::test_flash[{s}]" for s in (512, 1024, 2048, 4096)]
+GEMM_IDS = [f"test_suite.py::test_gemm[{n}]" for n in (256, 512, 1024, 2048)]
+ALL_IDS = FLASH_IDS + GEMM_IDS + ["test_suite.py::test_model"]
+
+
+@pytest.fixture(params=[None, "2"], ids=["no-xdist", "xdist-n2"])
+def run(request, pytester: pytest.Pytester):
+    pytester.makepyfile(test_suite=SUITE)
+
+    def _run(*args: str) -> pytest.RunResult:
+        if request.param:
+            return pytester.runpytest_subprocess("-n", request.param, *args)
+        return pytester.runpytest(*args)
+
+    _run.xdist = request.param is not None
+    return _run
+
+
+def files(pytester: pytest.Pytester) -> dict[str, bytes]:
+    folder = pytester.path / "baselines"
+    return {p.name: p.read_bytes() for p in folder.iterdir()} if folder.exists() else {}
+
+
+def report(pytester: pytest.Pytester, name: str = "r.json") -> dict[str, str]:
+    parsed = OamReport.model_validate_json((pytester.path / name).read_text())
+    return {t.nodeid: t.status for t in parsed.tests}
+
+
+def slow(monkeypatch, **factors: float) -> None:
+    monkeypatch.setenv("OAM_TEST_SCALE", json.dumps(factors))
+
+
+def test_flash_regression_fails_is_listed_and_counted_by_junit(run, pytester, monkeypatch) -> None:
+    run("--oam-save-baseline").assert_outcomes(passed=9)
+    slow(monkeypatch, FlashAttention=1.05)
+    result = run("--oam-baseline", "--junitxml=junit.xml", "--oam-report=r.json")
+    result.assert_outcomes(passed=4, failed=5)  # the 4 flash tests and the model (it runs FlashAttention)
+    result.stdout.fnmatch_lines(["REGRESSED test_suite.py::test_flash*FlashAttention +5.0% (limit 2.0%)*"] * 4)
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "5"
+    statuses = report(pytester)
+    regressed = FLASH_IDS + ["test_suite.py::test_model"]
+    assert {n: statuses[n] for n in regressed} == dict.fromkeys(regressed, "regressed")
+    assert {statuses[n] for n in GEMM_IDS} == {"pass"}
+
+
+def test_single_worker_also_fails(pytester, monkeypatch) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.runpytest_subprocess("-n", "1", "--oam-save-baseline").assert_outcomes(passed=9)
+    slow(monkeypatch, FlashAttention=1.05)
+    result = pytester.runpytest_subprocess("-n", "1", "--oam-baseline", "--oam-report=r.json")
+    result.assert_outcomes(passed=4, failed=5)
+    assert list(report(pytester).values()).count("regressed") == 5
+
+
+def test_verdicts_identical_with_and_without_xdist(pytester, monkeypatch) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=9)
+    slow(monkeypatch, FlashAttention=1.03, MatMul=1.2)
+    pytester.runpytest("--oam-baseline", "--oam-report=plain.json")
+    pytester.runpytest_subprocess("-n", "2", "--dist", "worksteal", "--oam-baseline", "--oam-report=xdist.json")
+
+    def verdicts(name):
+        parsed = OamReport.model_validate_json((pytester.path / name).read_text())
+        return sorted((t.nodeid, t.status, json.dumps([v.model_dump() for v in t.verdicts])) for t in parsed.tests)
+
+    assert verdicts("plain.json") == verdicts("xdist.json")
+
+
+def test_parallel_save_writes_each_baseline_once_and_next_run_compares_all(pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess("-n", "4", "--oam-save-baseline", "-k", "flash or gemm")
+    result.assert_outcomes(passed=8)
+    saved = files(pytester)
+    assert sorted(saved) == sorted(baseline_filename(n) for n in FLASH_IDS + GEMM_IDS)
+    for name in saved:
+        load_baseline(pytester.path / "baselines" / name)
+    result = pytester.runpytest_subprocess("-n", "4", "--oam-baseline", "-k", "flash or gemm", "--oam-report=r.json")
+    result.assert_outcomes(passed=8)
+    assert set(report(pytester).values()) == {"pass"} and len(report(pytester)) == 8
+
+
+def test_renamed_ops_fail_with_missing_ops(run, pytester, monkeypatch) -> None:
+    run("--oam-save-baseline", "-k", "model").assert_outcomes(passed=1)
+    monkeypatch.setenv("OAM_RENAME", "1")
+    result = run("--oam-baseline", "-k", "model", "--oam-report=r.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*nothing could be compared: no op type of the baseline is in this run*"])
+    assert report(pytester) == {"test_suite.py::test_model": "missing-ops"}
+
+
+def test_selective_save_leaves_other_files_byte_identical(run, pytester, monkeypatch) -> None:
+    run("--oam-save-baseline").assert_outcomes(passed=9)
+    before = files(pytester)
+    slow(monkeypatch, FlashAttention=1.5, MatMul=1.5)
+    run("--oam-save-baseline", "-k", "flash").assert_outcomes(passed=4)
+    after = files(pytester)
+    flash_files = {baseline_filename(n) for n in FLASH_IDS}
+    assert {k: v for k, v in after.items() if k not in flash_files} == {k: v for k, v in before.items() if k not in flash_files}
+    assert all(after[k] != before[k] for k in flash_files)
+    # A later full gate still compares every test: the saved flash tests pass, the rest regress.
+    result = run("--oam-baseline", "--oam-report=r.json")
+    result.assert_outcomes(passed=4, failed=5)
+    assert len(report(pytester)) == 9
+
+
+def test_save_and_gate_in_one_run_report_against_the_old_file(run, pytester, monkeypatch) -> None:
+    run("--oam-save-baseline", "-k", "model").assert_outcomes(passed=1)
+    old = load_baseline(pytester.path / "baselines" / baseline_filename("test_suite.py::test_model"))
+    slow(monkeypatch, FlashAttention=1.05)
+    result = run("--oam-baseline", "--oam-save-baseline", "-k", "model", "--oam-report=r.json")
+    result.assert_outcomes(failed=1)
+    assert report(pytester) == {"test_suite.py::test_model": "regressed"}
+    new = load_baseline(pytester.path / "baselines" / baseline_filename("test_suite.py::test_model"))
+    assert new.runs[0].ops["FlashAttention"].time_s == pytest.approx(old.runs[0].ops["FlashAttention"].time_s * 1.05)
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [
+        ("NaN", "runs[[]0[]].ops.FlashAttention.time_s is nan"),
+        ("Infinity", "runs[[]0[]].ops.FlashAttention.time_s is inf"),
+        ("null", "runs.0.ops.FlashAttention.time_s: Input should be a valid number"),
+        ("-0.001", "runs.0.ops.FlashAttention.time_s: Input should be greater than 0"),
+        ("0", "runs.0.ops.FlashAttention.time_s: Input should be greater than 0"),
+    ],
+)
+def test_malformed_value_is_invalid_baseline_naming_file_and_op(run, pytester, value, needle) -> None:
+    run("--oam-save-baseline", "-k", "model").assert_outcomes(passed=1)
+    path = pytester.path / "baselines" / baseline_filename("test_suite.py::test_model")
+    data = json.loads(path.read_text())
+    text = json.dumps(data).replace(
+        f'"FlashAttention": {{"count_per_step"', '"FlashAttention": {"count_per_step"'
+    )
+    old = data["runs"][0]["ops"]["FlashAttention"]["time_s"]
+    path.write_text(text.replace(f'"time_s": {json.dumps(old)}', f'"time_s": {value}', 1))
+    before = path.read_bytes()
+    result = run("--oam-baseline", "-k", "model", "--oam-report=r.json")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*{path.name}*{needle}*"])
+    assert report(pytester) == {"test_suite.py::test_model": "invalid-baseline"}
+    assert path.read_bytes() == before
+
+
+def test_strict_fails_no_baseline_and_improvement_flag_fails_improved(run, pytester, monkeypatch) -> None:
+    run("--oam-save-baseline", "-k", "gemm").assert_outcomes(passed=4)
+    result = run("--oam-baseline", "--oam-strict", "-k", "model")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["FAILED (no-baseline) test_suite.py::test_model*"])
+    slow(monkeypatch, MatMul=0.5)
+    run("--oam-baseline", "-k", "gemm").assert_outcomes(passed=4)
+    result = run("--oam-baseline", "--oam-fail-on-improvement", "-k", "gemm")
+    result.assert_outcomes(failed=4)
+    result.stdout.fnmatch_lines(["FAILED (improved) test_suite.py::test_gemm*"])
+
+
+def test_prune_deletes_stale_baselines_only_on_a_full_run(run, pytester) -> None:
+    run("--oam-save-baseline").assert_outcomes(passed=9)
+    stale = BaselineFile.model_validate(
+        json.loads((pytester.path / "baselines" / baseline_filename("test_suite.py::test_model")).read_text())
+        | {"nodeid": "test_suite.py::test_gone"}
+    )
+    stale_path = pytester.path / "baselines" / baseline_filename("test_suite.py::test_gone")
+    stale_path.write_text(stale.model_dump_json())
+    other_scope = pytester.path / "baselines" / baseline_filename("elsewhere/test_x.py::test_x")
+    other_scope.write_text(stale.model_copy(update={"nodeid": "elsewhere/test_x.py::test_x"}).model_dump_json())
+    result = run("--oam-save-baseline", "--oam-prune", "-k", "flash")
+    result.stdout.fnmatch_lines(["oam: --oam-prune: not a full run (-k*); nothing deleted"])
+    assert stale_path.exists()
+    result = run("--oam-save-baseline", "--oam-prune", "test_suite.py")
+    result.assert_outcomes(passed=9)
+    result.stdout.fnmatch_lines(["oam: pruned stale baseline *test_suite.py::test_gone*"])
+    assert not stale_path.exists() and other_scope.exists()
+    assert len(files(pytester)) == 10
+
+
+def test_markdown_report_for_ci_summaries(run, pytester, monkeypatch) -> None:
+    run("--oam-save-baseline").assert_outcomes(passed=9)
+    slow(monkeypatch, FlashAttention=1.05)
+    run("--oam-baseline", "--oam-report=oam.json", "--oam-report=oam.md")
+    text = (pytester.path / "oam.md").read_text()
+    assert text.startswith("## oam performance gate\n\n**FAILED**: 9 profiled tests (4 pass, 5 regressed)")
+    assert "### regressed: `test_suite.py::test_flash[512]`" in text
+    assert "| FlashAttention |" in text
+    assert report(pytester, "oam.json")["test_suite.py::test_flash[512]"] == "regressed"
