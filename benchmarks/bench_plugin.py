@@ -1,0 +1,113 @@
+"""Overheads of the pytest-oam plugin itself, measured side by side in one run.
+
+Run: ``python benchmarks/bench_plugin.py [--repeats N]``. Each comparison runs both sides
+alternately ``N`` times (default 11) as fresh pytest processes and prints the medians and their
+ratio. Not a test: timings on shared machines are noisy, so read the ratios, not the seconds.
+
+1. A plain suite of 500 tests with the plugin installed but unused, against ``-p no:oam``
+   (target: under 5% overhead).
+2. 200 tiny profiled tests gated against their baselines, against the same workloads run
+   without the plugin's fixture.
+3. A suite of 48 profiled Llama-2-7B training steps under ``-n 2`` against ``-n 0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PLAIN = "\n".join(f"def test_plain_{i}():\n    assert {i} + 1 == {i + 1}\n" for i in range(500))
+
+TINY_PROFILED = """
+import pytest
+
+def gemm(npu, n):
+    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))
+
+@pytest.mark.parametrize("n", range(64, 64 + 200))
+def test_tiny(oam_profile, n):
+    oam_profile.run(gemm, n)
+"""
+TINY_UNPROFILED = """
+import pytest
+import simulator
+
+def gemm(npu, n):
+    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))
+
+@pytest.mark.parametrize("n", range(64, 64 + 200))
+def test_tiny(n):
+    simulator.run(gemm, n)
+"""
+LLAMA = """
+import pytest
+from simulator.models import LLAMA2_7B, training_step
+
+@pytest.mark.oam(devices=8)
+@pytest.mark.parametrize("seq_len", range(512, 4097, 512))
+@pytest.mark.parametrize("hardware", ["ascend910", "ascend910b"])
+@pytest.mark.parametrize("block_size", [64, 128, 256])
+def test_llama(oam_profile, seq_len, hardware, block_size):
+    oam_profile.run(training_step, LLAMA2_7B, seq_len=seq_len, hardware=hardware, block_size=block_size)
+"""
+
+
+def pytest_seconds(folder: Path, *args: str) -> float:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=folder, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed in {folder}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return elapsed
+
+
+def side_by_side(label: str, repeats: int, a: tuple[Path, tuple[str, ...]], b: tuple[Path, tuple[str, ...]],
+                 a_name: str, b_name: str, target: float | None = None) -> None:
+    times_a, times_b = [], []
+    for _ in range(repeats):
+        times_a.append(pytest_seconds(a[0], *a[1]))
+        times_b.append(pytest_seconds(b[0], *b[1]))
+    med_a, med_b = statistics.median(times_a), statistics.median(times_b)
+    ratio = med_a / med_b
+    verdict = "" if target is None else f"  target < {target:.2f}: {'met' if ratio < target else 'NOT met'}"
+    print(f"{label}\n  {a_name:36s} {med_a:7.2f} s\n  {b_name:36s} {med_b:7.2f} s\n  ratio {ratio:.3f}{verdict}\n")
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(text)
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=11, help="Runs of each side (default 11)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        plain = write(root / "plain", "test_plain.py", PLAIN)
+        side_by_side("1. 500 plain tests: plugin installed but unused vs disabled", args.repeats,
+                     (plain, ()), (plain, ("-p", "no:oam")), "with pytest-oam", "-p no:oam", target=1.05)
+
+        profiled = write(root / "profiled", "test_tiny.py", TINY_PROFILED)
+        pytest_seconds(profiled, "--oam-save-baseline")
+        unprofiled = write(root / "unprofiled", "test_tiny.py", TINY_UNPROFILED)
+        side_by_side("2. 200 tiny simulated tests: gated by the plugin vs plain simulator calls", args.repeats,
+                     (profiled, ("--oam-baseline",)), (unprofiled, ("-p", "no:oam")),
+                     "oam_profile + --oam-baseline", "simulator.run, -p no:oam")
+
+        llama = write(root / "llama", "test_llama.py", LLAMA)
+        pytest_seconds(llama, "--oam-save-baseline")
+        side_by_side("3. 48 profiled Llama-2-7B steps: -n 2 vs -n 0", args.repeats,
+                     (llama, ("-n", "2", "--oam-baseline")), (llama, ("-n", "0", "--oam-baseline")),
+                     "-n 2", "-n 0")
+
+
+if __name__ == "__main__":
+    main()
