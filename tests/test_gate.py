@@ -231,3 +231,48 @@ def test_markdown_report_for_ci_summaries(run, pytester, monkeypatch) -> None:
     assert "### regressed: `test_suite.py::test_flash[512]`" in text
     assert "| FlashAttention |" in text
     assert report(pytester, "oam.json")["test_suite.py::test_flash[512]"] == "regressed"
+
+
+NASTY = """
+import pytest
+
+def gemm(npu, n):
+    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))
+
+IDS = ["a/b", "a_b", "A_B", "x::y", "[br]", "日本語", "CON", "nul.txt", "x" * 300, "x" * 299 + "y"]
+
+@pytest.mark.parametrize("case", IDS, ids=IDS)
+def test_nasty(oam_profile, case):
+    oam_profile.run(gemm, 64 + 16 * IDS.index(case))
+"""
+
+
+def test_nasty_test_ids_get_distinct_files_found_again(run, pytester) -> None:
+    pytester.makepyfile(test_nasty=NASTY)
+    run("--oam-save-baseline", "test_nasty.py").assert_outcomes(passed=10)
+    names = list(files(pytester))
+    assert len(names) == 10 and all(len(n.encode()) <= 255 for n in names)
+    result = run("--oam-baseline", "--oam-strict", "test_nasty.py", "--oam-report=r.json")
+    result.assert_outcomes(passed=10)
+    assert set(report(pytester).values()) == {"pass"}
+
+
+@pytest.mark.parametrize("dist", ["load", "loadgroup", "worksteal", "loadfile"])
+def test_every_dist_mode_gives_the_same_verdicts(pytester, monkeypatch, dist) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=9)
+    slow(monkeypatch, FlashAttention=1.05)
+    result = pytester.runpytest_subprocess("--tx", "2*popen", "--dist", dist, "--oam-baseline", "--oam-report=r.json")
+    result.assert_outcomes(passed=4, failed=5)
+    assert [s for s in report(pytester).values()].count("regressed") == 5
+
+
+def test_baseline_identity_holds_only_stable_fields(pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    pytester.runpytest("--oam-save-baseline", "-k", "model").assert_outcomes(passed=1)
+    data = json.loads((pytester.path / "baselines" / baseline_filename("test_suite.py::test_model")).read_text())
+    assert set(data) == {"schema_version", "nodeid", "runs"}
+    assert set(data["runs"][0]) == {
+        "hardware", "devices", "simulator_version", "workload_fingerprint", "steps", "step_time_s",
+        "tokens_per_step", "ops",
+    }
