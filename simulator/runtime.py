@@ -308,7 +308,10 @@ class NPU:
         import numpy as np
 
         try:
-            out_shape = np.broadcast_shapes(x.shape, *(t.shape for t in others))
+            if all(t.shape == x.shape for t in others):
+                out_shape = x.shape
+            else:
+                out_shape = np.broadcast_shapes(x.shape, *(t.shape for t in others))
         except ValueError:
             shapes = " and ".join(str(list(t.shape)) for t in (x, *others))
             raise ShapeError(f"{op_type}: shapes {shapes} do not broadcast") from None
