@@ -43,8 +43,6 @@ MATMUL_BASE_M = 128
 MATMUL_BASE_N = 256
 #: Buffers in flight for kernels that use plain double buffering.
 DOUBLE_BUFFER_STAGES = 2
-#: DMA block of the Unified Buffer: vector kernels split work in multiples of it (Ascend C guide).
-VECTOR_BLOCK_BYTES = 32
 #: Accumulator bytes per element in L0C and the Unified Buffer (fp32 accumulation).
 ACCUMULATOR_BYTES = DTYPE_BYTES["fp32"]
 
@@ -413,7 +411,7 @@ def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     bytes_per_element = (prof.read_elements + prof.write_elements) * elt
     chunk_elements = max(1, int(hw.memory.unified_buffer_bytes_per_core // (bytes_per_element * DOUBLE_BUFFER_STAGES)))
     # Work is spread over every Vector unit in 32-byte DMA blocks; tiny tensors use fewer cores.
-    align = max(1, VECTOR_BLOCK_BYTES // elt)
+    align = max(1, hw.memory.unified_buffer_block_bytes // elt)
     cores = hw.ai_core.vector_core_count
     block_dim = min(cores, _ceil_div(elements, align))
     # The Vector unit works on whole 32-byte blocks, so a core's share rounds up to one.

@@ -57,6 +57,7 @@ class MemorySpec(_Group):
     l0b_bytes_per_core: PositiveInt
     l0c_bytes_per_core: PositiveInt
     unified_buffer_bytes_per_core: PositiveInt
+    unified_buffer_block_bytes: PositiveInt = Field(description="Data block the Vector unit works on")
 
 
 class DmaSpec(_Group):
