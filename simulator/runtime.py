@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import __version__ as SIMULATOR_VERSION
 from .costs import OpCost, OpSpec, op_cost
 from .hardware import HardwareSpec, load_hardware
@@ -305,8 +307,6 @@ class NPU:
 
     def _elementwise(self, op_type: str, x: Tensor, *others: Tensor, name: str | None) -> Tensor:
         _check_tensors(op_type, x=x, **{f"input {i + 2}": t for i, t in enumerate(others)})
-        import numpy as np
-
         try:
             if all(t.shape == x.shape for t in others):
                 out_shape = x.shape

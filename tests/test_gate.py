@@ -178,7 +178,7 @@ def test_malformed_value_is_invalid_baseline_naming_file_and_op(run, pytester, v
     path = pytester.path / "baselines" / baseline_filename("test_suite.py::test_model")
     data = json.loads(path.read_text())
     text = json.dumps(data).replace(
-        f'"FlashAttention": {{"count_per_step"', '"FlashAttention": {"count_per_step"'
+        '"FlashAttention": {"count_per_step"', '"FlashAttention": {"count_per_step"'
     )
     old = data["runs"][0]["ops"]["FlashAttention"]["time_s"]
     path.write_text(text.replace(f'"time_s": {json.dumps(old)}', f'"time_s": {value}', 1))
