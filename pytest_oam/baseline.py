@@ -35,7 +35,8 @@ class OpStats(BaseModel):
     """One op type within one step: total time and counters (median / mean over steps)."""
 
     model_config = _CONFIG
-    time_s: PositiveFloat = Field(description="Total time of this op type per step (median)")
+    time_s: PositiveFloat = Field(description="Time of this op type per step: median over the steps it ran in")
+    mean_time_s: PositiveFloat = Field(description="Time of this op type per step: mean over all steps")
     count_per_step: PositiveFloat
     flop: NonNegativeFloat
     hbm_bytes: NonNegativeFloat
@@ -55,7 +56,8 @@ class RunBaseline(BaseModel):
     simulator_version: str
     workload_fingerprint: str
     steps: int = Field(ge=1)
-    step_time_s: PositiveFloat
+    step_time_s: PositiveFloat = Field(description="Median step time")
+    step_time_mean_s: PositiveFloat = Field(description="Mean step time")
     tokens_per_step: int | None = Field(default=None, ge=1)
     ops: dict[OpType, OpStats]
 
@@ -129,6 +131,9 @@ def load_baseline(path: Path, nodeid: str | None = None) -> BaselineFile:
         raise BaselineError(path, "is empty (truncated write?)")
     try:
         data = json.loads(text)
+        bad = _non_finite_paths(data)
+    except RecursionError:
+        raise BaselineError(path, "is not a valid baseline: its JSON nests too deeply") from None
     except json.JSONDecodeError as exc:
         stripped = text.strip()
         if exc.pos >= len(stripped) or (stripped.startswith("{") and not stripped.endswith("}")):
@@ -141,11 +146,12 @@ def load_baseline(path: Path, nodeid: str | None = None) -> BaselineFile:
         raise BaselineError(
             path, f"has schema_version {version!r}; this pytest-oam reads version {SCHEMA_VERSION}"
         )
-    bad = _non_finite_paths(data)
     if bad:
         raise BaselineError(path, "holds non-finite values: " + "; ".join(bad))
     try:
         baseline = BaselineFile.model_validate(data)
+    except RecursionError:
+        raise BaselineError(path, "is not a valid baseline: its JSON nests too deeply") from None
     except ValidationError as exc:
         raise BaselineError(path, f"is not a valid baseline: {_format_validation(exc)}") from None
     if nodeid is not None and baseline.nodeid != nodeid:

@@ -8,6 +8,7 @@ This module imports neither pytest nor the simulator runtime.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from simulator.profile import Profile
@@ -66,6 +67,7 @@ def summarize(profile: Profile) -> RunBaseline:
         weight = t["time"] or 1.0
         ops[op_type] = OpStats(
             time_s=time_s,
+            mean_time_s=t["time"] / profile.steps,
             count_per_step=t["count"] / steps,
             flop=t["flop"] / steps,
             hbm_bytes=t["hbm_bytes"] / steps,
@@ -81,6 +83,7 @@ def summarize(profile: Profile) -> RunBaseline:
         workload_fingerprint=profile.workload_fingerprint,
         steps=profile.steps,
         step_time_s=profile.step_time_s,
+        step_time_mean_s=statistics.fmean(profile.step_times_s),
         tokens_per_step=profile.tokens_per_step,
         ops=ops,
     )
@@ -97,6 +100,7 @@ class Verdict:
     limit_frac: float
     limit_source: str
     status: str
+    statistic: str = "median"  # which per-step statistic decided: median, or mean over all steps
 
 
 @dataclass(frozen=True)
@@ -148,30 +152,43 @@ def _identity_mismatches(baseline: RunBaseline, current: RunBaseline) -> tuple[l
     return hard, workload
 
 
-def _verdict(op_type: str, base: float | None, cur: float | None, resolver: LimitResolver) -> Verdict:
+def _verdict(
+    op_type: str,
+    base: tuple[float, float] | None,
+    cur: tuple[float, float] | None,
+    resolver: LimitResolver,
+) -> Verdict:
+    """``base`` and ``cur`` are (median, mean) seconds per step.
+
+    The median (robust to a rare slow step) decides, except that a mean over all steps above
+    the limit is a regression too: it catches ops that got slower in only some steps, or began
+    to run in more of them.
+    """
     limit = resolver.resolve(op_type)
     if base is None:
-        return Verdict(op_type, None, cur, None, limit.frac, limit.source, "new")
+        return Verdict(op_type, None, cur[0], None, limit.frac, limit.source, "new")
     if cur is None:
-        return Verdict(op_type, base, None, None, limit.frac, limit.source, "missing")
-    change = cur / base - 1.0
-    if cur > base * (1.0 + limit.frac):
-        status = "regressed"
-    elif cur < base * (1.0 - limit.frac):
-        status = "improved"
-    else:
-        status = "pass"
-    return Verdict(op_type, base, cur, change, limit.frac, limit.source, status)
+        return Verdict(op_type, base[0], None, None, limit.frac, limit.source, "missing")
+    for statistic, b, c in (("median", base[0], cur[0]), ("mean", base[1], cur[1])):
+        if c > b * (1.0 + limit.frac):
+            return Verdict(op_type, b, c, c / b - 1.0, limit.frac, limit.source, "regressed", statistic)
+    b, c = base[0], cur[0]
+    status = "improved" if c < b * (1.0 - limit.frac) else "pass"
+    return Verdict(op_type, b, c, c / b - 1.0, limit.frac, limit.source, status)
 
 
 def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolver: LimitResolver) -> RunComparison:
     """Compare one run with its baseline under the limits of ``resolver``."""
+    def stats(run: RunBaseline, op_type: str) -> tuple[float, float] | None:
+        op = run.ops.get(op_type)
+        return None if op is None else (op.time_s, op.mean_time_s)
+
     verdicts = [
-        _verdict(op_type, baseline.ops[op_type].time_s if op_type in baseline.ops else None,
-                 current.ops[op_type].time_s if op_type in current.ops else None, resolver)
+        _verdict(op_type, stats(baseline, op_type), stats(current, op_type), resolver)
         for op_type in list(baseline.ops) + [o for o in current.ops if o not in baseline.ops]
     ]
-    verdicts.append(_verdict(STEP_ROW, baseline.step_time_s, current.step_time_s, resolver))
+    verdicts.append(_verdict(STEP_ROW, (baseline.step_time_s, baseline.step_time_mean_s),
+                             (current.step_time_s, current.step_time_mean_s), resolver))
     hard, workload = _identity_mismatches(baseline, current)
     reasons = hard + workload
     counters = {}

@@ -130,8 +130,8 @@ def diagnose(
                 step_share_frac=share,
                 counters=[],
                 call_sites=_call_sites(profile, v.op_type),
-                advice=[f"{v.op_type} is new: the baseline has no such op type; remove the call if it "
-                        "was not intended, or accept it with --oam-save-baseline"],
+                advice=[(f"{v.op_type} is new: the baseline has no such op type; remove the call if it "
+                         "was not intended, or accept it with --oam-save-baseline")],
                 kind="new",
             )
         )

@@ -33,6 +33,7 @@ class VerdictReport(BaseModel):
     limit_frac: float = Field(ge=0)
     limit_source: str
     status: Literal["pass", "regressed", "improved", "new", "missing"]
+    statistic: Literal["median", "mean"] = Field(description="The per-step statistic that decided")
 
 
 class FindingReport(BaseModel):
@@ -116,10 +117,16 @@ def fmt_rate(tokens_per_s: float | None) -> str:
     return "-" if tokens_per_s is None else f"{tokens_per_s:,.0f}"
 
 
+def _verdict_label(status: str, statistic: str) -> str:
+    if status != "regressed":
+        return status
+    return "REGRESSED" if statistic == "median" else "REGRESSED (mean over steps)"
+
+
 def verdict_table(comparison: RunComparison) -> str:
     rows = [
         (v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
-         fmt_frac(v.limit_frac), v.status.upper() if v.status == "regressed" else v.status)
+         fmt_frac(v.limit_frac), _verdict_label(v.status, v.statistic))
         for v in comparison.verdicts
     ]
     return tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),

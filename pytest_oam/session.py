@@ -10,6 +10,7 @@ JSON report at the end. Only the controller writes files.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -84,14 +85,29 @@ def _parse_entries(entries: list[str], where: str) -> dict[str, float]:
     return out
 
 
+def _test_files(folder: Path, depth: int = 3, limit: int = 3) -> list[str]:
+    """Names of up to ``limit`` test modules or conftest files in ``folder`` and its
+    subfolders, ``depth`` levels down."""
+    found: list[str] = []
+    for root, dirs, names in os.walk(folder):
+        level = len(Path(root).relative_to(folder).parts)
+        if level >= depth:
+            dirs.clear()
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += sorted(str(Path(root, n).relative_to(folder)) for n in names if n == "conftest.py"
+                        or (n.endswith(".py") and (n.startswith("test_") or n[:-3].endswith("_test"))))
+        if len(found) >= limit:
+            break
+    return found[:limit]
+
+
 def _check_baseline_dir(folder: Path, must_exist: bool) -> None:
     """Refuse a baseline folder that cannot be one: a file, a test folder, or (when only
     gating) a folder that does not exist, where every test would silently have no baseline."""
     if folder.exists() and not folder.is_dir():
         raise _usage(f"--oam-baseline: {folder} is a file, not a baseline folder")
     if folder.is_dir():
-        tests = [p.name for p in folder.iterdir() if p.name == "conftest.py"
-                 or (p.suffix == ".py" and (p.name.startswith("test_") or p.stem.endswith("_test")))]
+        tests = _test_files(folder)
         if tests:
             raise _usage(
                 f"--oam-baseline: {folder} holds tests ({', '.join(sorted(tests)[:3])}), not baselines; "
@@ -116,6 +132,8 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
     ini_baseline = Path(config.getini("oam_baseline_dir") or "baselines")
     default_dir = ini_baseline if ini_baseline.is_absolute() else ini_dir / ini_baseline
     baseline_dir = None
+    if any(arg == "--oam-baseline=" for arg in config.invocation_params.args):
+        raise _usage("--oam-baseline=: the folder is empty; give a folder, or --oam-baseline alone for the ini default")
     if opt.oam_baseline is not None:
         value = opt.oam_baseline
         if value == "":
@@ -168,34 +186,56 @@ class MarkerSettings:
 
 
 def marker_settings(item: pytest.Item) -> MarkerSettings:
-    """Settings of the closest ``@pytest.mark.oam`` of ``item``.
+    """Settings of every ``@pytest.mark.oam`` of ``item``, merged.
+
+    Markers of the module, the class and the function (and stacked markers) all apply; where
+    two set the same key, the closer one wins, and ``thresholds`` merge pattern by pattern.
 
     Raises:
         pytest.UsageError: positional arguments, an unknown keyword, bad thresholds, an
             unknown hardware name, or a non-positive device count; the message names the test.
     """
-    marker = item.get_closest_marker("oam")
-    if marker is None:
-        return MarkerSettings({}, None, None)
+    thresholds: dict[str, float] = {}
+    hardware = devices = None
     where = f"{item.nodeid}: @pytest.mark.oam"
-    if marker.args:
-        raise _usage(f"{where}: takes keywords only ({', '.join(MARKER_KEYWORDS)}), got {marker.args!r}")
-    unknown = sorted(set(marker.kwargs) - set(MARKER_KEYWORDS))
-    if unknown:
-        raise _usage(f"{where}: unknown keyword {unknown[0]!r}; known: {', '.join(MARKER_KEYWORDS)}")
-    try:
-        thresholds = parse_mapping(marker.kwargs.get("thresholds") or {})
-    except ThresholdError as exc:
-        raise _usage(f"{where}: {exc}") from None
-    hardware = marker.kwargs.get("hardware")
-    if hardware is not None:
-        if not isinstance(hardware, str):
-            raise _usage(f"{where}: hardware must be a name, got {hardware!r}")
-        _check_hardware(hardware, where)
-    devices = marker.kwargs.get("devices")
-    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
-        raise _usage(f"{where}: devices must be a positive integer, got {devices!r}")
+    for marker in reversed(list(item.iter_markers("oam"))):  # farthest first, closest last
+        if marker.args:
+            raise _usage(f"{where}: takes keywords only ({', '.join(MARKER_KEYWORDS)}), got {marker.args!r}")
+        unknown = sorted(set(marker.kwargs) - set(MARKER_KEYWORDS))
+        if unknown:
+            raise _usage(f"{where}: unknown keyword {unknown[0]!r}; known: {', '.join(MARKER_KEYWORDS)}")
+        try:
+            thresholds.update(parse_mapping(marker.kwargs.get("thresholds") or {}))
+        except ThresholdError as exc:
+            raise _usage(f"{where}: {exc}") from None
+        if marker.kwargs.get("hardware") is not None:
+            hardware = marker.kwargs["hardware"]
+            if not isinstance(hardware, str):
+                raise _usage(f"{where}: hardware must be a name, got {hardware!r}")
+            _check_hardware(hardware, where)
+        if marker.kwargs.get("devices") is not None:
+            devices = marker.kwargs["devices"]
+            if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+                raise _usage(f"{where}: devices must be a positive integer, got {devices!r}")
     return MarkerSettings(thresholds, hardware, devices)
+
+
+def match_runs(baseline_runs: list, fingerprints: list[str]) -> list[int | None]:
+    """Pair each current run with a baseline run: same workload fingerprint first (in order),
+    then the remaining runs by position. Returns, per current run, a baseline index or None."""
+    used: set[int] = set()
+    matched: list[int | None] = [None] * len(fingerprints)
+    for i, fp in enumerate(fingerprints):
+        for j, run in enumerate(baseline_runs):
+            if j not in used and run.workload_fingerprint == fp:
+                matched[i] = j
+                used.add(j)
+                break
+    spare = [j for j in range(len(baseline_runs)) if j not in used]
+    for i in range(len(fingerprints)):
+        if matched[i] is None and spare:
+            matched[i] = spare.pop(0)
+    return matched
 
 
 def _first(*values):
@@ -256,7 +296,8 @@ class OamSession:
         self.report_errors: dict[Path, str] = {}
         self.pruned: list[str] = []
         self.collected: set[str] = set()
-        self.deselected = False
+        self.pending_saves: dict[str, dict[str, Any]] = {}
+        self.partial: set[str] = set()
         self.prune_refused: str | None = None
         self.save_errors: list[str] = []
 
@@ -269,8 +310,27 @@ class OamSession:
     def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
         self.collected.update(ids)
 
+    def _note_partial(self, reason: str) -> None:
+        """Remember why this run may not see every test (for --oam-prune); workers pass it on."""
+        self.partial.add(reason)
+        if self.is_worker:
+            self.config.workeroutput["oam_partial"] = sorted(self.partial)
+
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
-        self.deselected = True
+        if items:
+            self._note_partial("deselected tests")
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self._note_partial("collection errors")
+        elif report.skipped:
+            self._note_partial("a module skipped at collection")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        self.partial.update(getattr(node, "workeroutput", {}).get("oam_partial", ()))
+        if error:
+            self.partial.add("a worker crashed")
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
@@ -280,8 +340,8 @@ class OamSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object):
         # An xdist worker cannot end the session with a usage error (the controller reports a
-        # crashed worker), so a bad marker there becomes a collection error of its module,
-        # which stops the run before any test, with the same message.
+        # crashed worker), so a bad marker there becomes a collection error of its module with
+        # the same message; xdist still runs the other modules, and the run fails.
         result = yield
         if self.is_worker:
             for item in result if isinstance(result, list) else [result]:
@@ -340,8 +400,10 @@ class OamSession:
         n_base = len(baseline.runs) if baseline is not None else 0
         runs, verdicts, findings, statuses, parts, notes, summaries = [], [], [], [], [], [], []
         op_types: set[str] = {STEP_ROW}
+        matched = match_runs(baseline.runs if baseline is not None else [],
+                             [p.workload_fingerprint for p in profiler.profiles])
         for i, profile in enumerate(profiler.profiles):
-            base_run = baseline.runs[i] if i < n_base else None
+            base_run = baseline.runs[matched[i]] if matched[i] is not None else None
             status, reasons, base_step, top_ops = "not-gated", [], None, []
             try:
                 current = summarize(profile)
@@ -379,10 +441,12 @@ class OamSession:
                                   step_time_s=step_s, baseline_step_time_s=base_step,
                                   tokens_per_s=profile.tokens_per_s if profile.ops else None,
                                   top_ops=top_ops, reasons=reasons))
-        if gating and n_base > len(profiler.profiles):
+        unmatched_base = n_base - sum(m is not None for m in matched)
+        if gating and unmatched_base:
             statuses.append("missing-ops")
             made = f"{len(profiler.profiles)} profiled runs" if profiler.profiles else "no profiled run"
-            notes.append(f"the test made {made}; its baseline holds {n_base}")
+            notes.append(f"the test made {made}; {unmatched_base} of the {n_base} runs of its baseline "
+                         "were not compared")
         if gating and profiler.baseline_error:
             statuses.append("invalid-baseline")
             notes.append(f"{profiler.baseline_error} (replaced by --oam-save-baseline)")
@@ -417,14 +481,16 @@ class OamSession:
                 report.oam_gate = {"report": {"nodeid": item.nodeid, "status": "invalid-baseline",
                                               "baseline_path": exc.path, "message": str(exc)}}
             return report
-        profiler = item.stash.get(_PROFILER_KEY, None)
-        if report.when != "call" or profiler is None:
+        if report.when != "call":
             return report
+        profiler = item.stash.get(_PROFILER_KEY, None)
+        if profiler is None:
+            return self._unprofiled_with_baseline(item, report)
         if not profiler.profiles and profiler.baseline is None:
             return report
         try:
             result, text = self._evaluate(item, profiler)
-        except Exception:  # never crash the session: fail this test with the traceback
+        except Exception:  # noqa: BLE001 - never crash the session: fail this test with the traceback
             import traceback
 
             report.outcome = "failed"
@@ -433,25 +499,58 @@ class OamSession:
         result["test_passed"] = report.passed
         report.oam_gate = result
         if text is not None:
-            if report.passed or (report.skipped and not hasattr(report, "wasxfail")):
-                # A regression fails the test, even one that skips itself after profiling.
-                report.outcome = "failed"
-                report.longrepr = text
-            else:  # the test failed on its own: keep its error, add the gate's report
-                report.sections.append(("oam performance gate", text))
+            self._fail(report, text)
+        return report
+
+    @staticmethod
+    def _fail(report: pytest.TestReport, text: str) -> None:
+        """Fail ``report`` for the gate. A test that passed, skipped itself or was an expected
+        failure after profiling fails all the same; a test that failed keeps its own error."""
+        if report.failed:
+            report.sections.append(("oam performance gate", text))
+            return
+        if hasattr(report, "wasxfail"):
+            del report.wasxfail
+        report.outcome = "failed"
+        report.longrepr = text
+
+    def _unprofiled_with_baseline(self, item: pytest.Item, report: pytest.TestReport) -> pytest.TestReport:
+        """A gated test that has a baseline but no longer uses ``oam_profile``: nothing compared."""
+        if self.settings.baseline_dir is None:
+            return report
+        path = self.baseline_path(item.nodeid, self.settings.baseline_dir)
+        if not path.is_file():
+            return report
+        from .report import GateReport
+
+        message = "the test no longer uses the oam_profile fixture, but it has a baseline: nothing was compared"
+        gate = GateReport(nodeid=item.nodeid, status="missing-ops", failed=True,
+                          baseline_path=self._display(path), message=message)
+        report.oam_gate = {"report": gate.model_dump(mode="json"), "op_types": []}
+        self._fail(report, f"oam performance gate: MISSING-OPS {item.nodeid}\nbaseline: {self._display(path)}\n"
+                           f"note: {message}; remove the baseline file or profile the test again")
         return report
 
     # -- controller side --------------------------------------------------------------------------
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.is_worker:
+            return
+        if report.when == "teardown" and report.nodeid in self.pending_saves:
+            baseline = self.pending_saves.pop(report.nodeid)
+            if report.passed:
+                self._save(report.nodeid, baseline)
+            else:
+                self.save_errors.append(f"{report.nodeid}: baseline not written: the test errored in teardown")
+            return
         gate = getattr(report, "oam_gate", None)
-        if gate is None or self.is_worker:
+        if gate is None:
             return
         self.results[report.nodeid] = gate["report"]
         self.op_types_seen.update(gate.get("op_types", ()))
         baseline = gate.get("baseline")
         if baseline is not None and gate.get("test_passed") and self.settings.save_dir is not None:
-            self._save(report.nodeid, baseline)
+            self.pending_saves[report.nodeid] = baseline  # written once teardown passed too
 
     def _save(self, nodeid: str, data: dict[str, Any]) -> None:
         from .baseline import BaselineFile, save_baseline
@@ -477,14 +576,16 @@ class OamSession:
         return f"{self._display(Path(file))}{sep}{line}" if sep else site
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.is_worker or not (self.results or self.pruned or self.prune_refused):
+        if self.is_worker or not (self.results or self.pruned or self.prune_refused or self.settings.report_paths
+                                  or self.save_errors):
             return
         from .report import GateReport, summary_table
 
         tests = [GateReport.model_validate(r) for r in self.results.values()]
         tr = terminalreporter
         tr.write_sep("=", "oam performance gate")
-        tr.write_line(summary_table(tests))
+        if tests:
+            tr.write_line(summary_table(tests))
         for t in tests:
             if t.status == "regressed":
                 worst = [v for v in t.verdicts if v.status == "regressed"]
@@ -538,17 +639,18 @@ class OamSession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _prune_refusal(self, session: pytest.Session) -> str | None:
-        """Why this run may not prune (a partial run would delete baselines of unselected tests)."""
+        """Why this run may not prune (a partial run would delete baselines of unseen tests)."""
         opt = self.config.option
         reasons = [flag for flag, given in (
             ("-k", getattr(opt, "keyword", "")), ("-m", getattr(opt, "markexpr", "")),
             ("--lf", getattr(opt, "lf", False)), ("--deselect", getattr(opt, "deselect", None)),
+            ("--ignore", getattr(opt, "ignore", None)), ("--ignore-glob", getattr(opt, "ignore_glob", None)),
+            ("--collect-only", getattr(opt, "collectonly", False)),
         ) if given]
         if any("::" in str(arg) for arg in self.config.args):
             reasons.append("a test id on the command line")
-        if self.deselected:
-            reasons.append("deselected tests")
-        if session.testsfailed and session.shouldfail or session.shouldstop:
+        reasons += sorted(self.partial)
+        if session.shouldfail or session.shouldstop:
             reasons.append("the run stopped early")
         if session.exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR):
             reasons.append("the run was interrupted")
@@ -577,7 +679,11 @@ class OamSession:
             test_file = (root / nodeid.split("::")[0]).resolve()
             in_scope = any(test_file == scope or scope in test_file.parents for scope in scopes)
             if in_scope and nodeid not in self.collected:
-                path.unlink()
+                try:
+                    path.unlink()
+                except OSError as exc:
+                    self.save_errors.append(f"{self._display(path)}: not pruned: {exc}")
+                    continue
                 self.pruned.append(f"{self._display(path)} ({nodeid})")
 
     def _write_report(self, path: Path) -> None:

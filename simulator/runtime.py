@@ -475,10 +475,8 @@ class NPU:
 
     def profile(self, steps: int) -> Profile:
         digest = hashlib.sha256()
-        for op in self._records:
-            if op.step != 0:
-                break
-            digest.update(f"{op.op_type}|{op.input_shapes}|{op.dtype};".encode())
+        for op in self._records:  # every step: a workload whose later steps change is another workload
+            digest.update(f"{op.step}|{op.op_type}|{op.input_shapes}|{op.dtype};".encode())
         return Profile.model_construct(
             schema_version=1,
             simulator_version=SIMULATOR_VERSION,

@@ -487,8 +487,10 @@ def test_runs(oam_profile):
     pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
     # One run of two still compares something: a visible line. No run compares nothing: fails.
     for runs, line, outcome in (
-        ("1", "oam: missing-ops test_runs.py::test_runs: the test made 1 profiled runs; its baseline holds 2", "passed"),
-        ("0", "FAILED (missing-ops) test_runs.py::test_runs: the test made no profiled run; its baseline holds 2", "failed"),
+        ("1", ("oam: missing-ops test_runs.py::test_runs: the test made 1 profiled runs; "
+               "1 of the 2 runs of its baseline were not compared"), "passed"),
+        ("0", ("FAILED (missing-ops) test_runs.py::test_runs: the test made no profiled run; "
+               "2 of the 2 runs of its baseline were not compared"), "failed"),
     ):
         monkeypatch.setenv("RUNS", runs)
         result = pytester.runpytest("--oam-baseline", "--oam-report=r.json")
@@ -570,3 +572,17 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_misplaced_baseline_option_before_a_test_folder(pytester) -> None:
+    pytester.makepyfile(**{"suite/llm/test_l": "def test_l():\n    pass\n"})
+    result = pytester.runpytest("--oam-baseline", "suite")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*suite holds tests (llm/test_l.py), not baselines*"])
+
+
+def test_empty_baseline_folder_value_is_refused(pytester) -> None:
+    make_test(pytester)
+    result = pytester.runpytest("--oam-baseline=")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--oam-baseline=: the folder is empty*"])
