@@ -248,7 +248,6 @@ class OamProfiler:
 
     def __init__(self, item: pytest.Item, settings: OamSettings, marker: MarkerSettings,
                  baseline: BaselineFile | None, baseline_path: Path | None) -> None:
-        self._item = item
         self._settings = settings
         self._marker = marker
         self.baseline = baseline
@@ -307,7 +306,7 @@ class OamSession:
         self.collected.update(item.nodeid for item in session.items)
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+    def pytest_xdist_node_collection_finished(self, ids: list[str]) -> None:
         self.collected.update(ids)
 
     def _note_partial(self, reason: str) -> None:
@@ -338,7 +337,7 @@ class OamSession:
                 marker_settings(item)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_pycollect_makeitem(self, collector: pytest.Collector, name: str, obj: object):
+    def pytest_pycollect_makeitem(self, collector: pytest.Collector):
         # An xdist worker cannot end the session with a usage error (the controller reports a
         # crashed worker), so a bad marker there becomes a collection error of its module with
         # the same message; xdist still runs the other modules, and the run fails.
