@@ -1,7 +1,19 @@
 """pytest-oam: a performance regression gate for AI workloads on a simulated Ascend 910.
 
 Importing this package is cheap: the pytest plugin (``pytest_oam.plugin``) autoloads in every
-pytest run, so numpy, pydantic models and the simulator load only when a test profiles.
+pytest run, so numpy, pydantic models and the simulator load only when a test profiles, or
+when the Python API (:mod:`pytest_oam.api`) is first used.
 """
 
 __version__ = "0.1.0"
+
+_API = ("ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models")
+__all__ = list(_API)
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'pytest_oam' has no attribute {name!r}")

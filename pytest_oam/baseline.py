@@ -67,8 +67,11 @@ class BaselineFile(BaseModel):
 
     model_config = _CONFIG
     schema_version: Literal[1] = SCHEMA_VERSION
-    nodeid: str
+    nodeid: str = Field(description="The pytest test id, or 'api:<model>' for baselines made by the Python API")
     runs: list[RunBaseline] = Field(min_length=1)
+    model: str | None = Field(default=None, description="Model zoo name (Python API baselines)")
+    dataset: str | None = Field(default=None, description="Sequence-length distribution (Python API baselines)")
+    tag: str | None = Field(default=None, description="Free-form label, e.g. the version measured")
 
 
 class BaselineError(Exception):

@@ -1,0 +1,286 @@
+"""The Python API outside pytest: build a baseline, collect a profile, compare, act.
+
+    import pytest_oam as oam
+    baseline = oam.ProfileBaseline.create(model="llama-7b", dataset="wikitext-103",
+                                          hardware="Ascend 910 x 8", tag="v1.0")
+    baseline.collect()
+    baseline.save("baselines/llama-7b-v1.0.json")
+    current = oam.collect_profile(model="llama-7b", dataset="wikitext-103")
+    report = oam.compare_profiles(baseline, current, regression_threshold=0.05)
+
+The comparison and the diagnosis are the plugin's own (:mod:`pytest_oam.compare`,
+:mod:`pytest_oam.diagnosis`); baseline files are the plugin's format, loadable by either.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from simulator.profile import Profile
+
+from .baseline import BaselineFile, RunBaseline, load_baseline, save_baseline
+from .compare import RunComparison, compare_run, summarize
+from .diagnosis import Finding, diagnose
+from .thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
+
+#: Steps a profile collects by default (each draws its sequence length from the dataset).
+DEFAULT_STEPS = 4
+DEFAULT_HARDWARE = "Ascend 910 x 8"
+
+
+def _model_zoo() -> dict[str, tuple[Callable, object]]:
+    from simulator.models import LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, training_step
+
+    return {
+        "llama-7b": (training_step, LLAMA2_7B),
+        "llama-13b": (training_step, LLAMA2_13B),
+        "llama-70b": (training_step, LLAMA2_70B),
+    }
+
+
+def known_models() -> list[str]:
+    return sorted(_model_zoo())
+
+
+_HARDWARE_FORM = re.compile(r"^(?P<name>[a-z0-9]+?)(?:x(?P<count>\d+))?$")
+
+
+def parse_hardware(text: str) -> tuple[str, int]:
+    """``"Ascend 910 x 8"`` -> ``("ascend910", 8)``; ``"ascend910b"`` -> ``("ascend910b", 1)``.
+
+    Raises:
+        ValueError: not a known device, or a count below 1 (the message lists the choices).
+    """
+    from simulator.hardware import list_hardware
+
+    known = list_hardware()
+    compact = re.sub(r"[\s_*-]+", "", str(text).lower().replace("×", "x"))
+    match = _HARDWARE_FORM.match(compact)
+    name = match.group("name") if match else ""
+    count = int(match.group("count")) if match and match.group("count") else 1
+    if name not in known or count < 1:
+        choices = ", ".join([*known, "'Ascend 910 x 8'", "'Ascend 910B x 8'"])
+        raise ValueError(f"unknown hardware {text!r}; known: {choices}")
+    return name, count
+
+
+class _DatasetSteps:
+    """A workload whose every step takes its sequence length from a list."""
+
+    def __init__(self, step: Callable, config: object, lengths: list[int], kwargs: dict) -> None:
+        self.step, self.config, self.lengths, self.kwargs, self.index = step, config, lengths, kwargs, 0
+
+    def __call__(self, npu) -> None:
+        seq_len = self.lengths[self.index % len(self.lengths)]
+        self.index += 1
+        self.step(npu, self.config, seq_len=seq_len, **self.kwargs)
+
+
+def collect_profile(
+    model: str | Callable = "llama-7b",
+    dataset: str | None = "wikitext-103",
+    *,
+    hardware: str = DEFAULT_HARDWARE,
+    steps: int = DEFAULT_STEPS,
+    seed: int = 0,
+    max_seq_len: int = 4096,
+    **model_kwargs,
+) -> Profile:
+    """Simulate ``steps`` steps of ``model`` and return the profile.
+
+    ``model`` is a model zoo name (:func:`known_models`) or a workload ``fn(npu, **kwargs)``.
+    With a ``dataset``, each step of a zoo model draws its sequence length (cut to
+    ``max_seq_len``) from that corpus's distribution with ``seed``.
+
+    Raises:
+        ValueError: unknown model, dataset or hardware (naming the value and the choices).
+    """
+    from simulator import run
+    from simulator.datasets import load_dataset
+
+    name, devices = parse_hardware(hardware)
+    if callable(model):
+        return run(model, steps=steps, hardware=name, devices=devices, **model_kwargs)
+    zoo = _model_zoo()
+    if model not in zoo:
+        raise ValueError(f"unknown model {model!r}; known: {', '.join(sorted(zoo))}, or a workload function")
+    step, config = zoo[model]
+    if dataset is None:
+        lengths = [model_kwargs.pop("seq_len", 2048)]
+    else:
+        lengths = load_dataset(dataset).sample(steps, max_seq_len, seed=seed)
+    workload = _DatasetSteps(step, config, lengths, model_kwargs)
+    return run(workload, steps=steps, hardware=name, devices=devices)
+
+
+@dataclass
+class ProfileBaseline:
+    """A baseline for the Python API: what to collect, and (after :meth:`collect`) the result.
+
+    Files written by :meth:`save` are plugin baseline files (``nodeid`` ``api:<model>``).
+    """
+
+    model: str
+    dataset: str | None = "wikitext-103"
+    hardware: str = DEFAULT_HARDWARE
+    tag: str | None = None
+    steps: int = DEFAULT_STEPS
+    seed: int = 0
+    file: BaselineFile | None = None
+    profile: Profile | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(cls, model: str, dataset: str | None = "wikitext-103", hardware: str = DEFAULT_HARDWARE,
+               tag: str | None = None, steps: int = DEFAULT_STEPS, seed: int = 0) -> ProfileBaseline:
+        """Describe a baseline; checks every name now.
+
+        Raises:
+            ValueError: unknown model, dataset or hardware.
+        """
+        from simulator.datasets import load_dataset
+
+        if model not in _model_zoo():
+            raise ValueError(f"unknown model {model!r}; known: {', '.join(known_models())}")
+        if dataset is not None:
+            load_dataset(dataset)
+        parse_hardware(hardware)
+        return cls(model=model, dataset=dataset, hardware=hardware, tag=tag, steps=steps, seed=seed)
+
+    def collect(self) -> Profile:
+        """Simulate the model and keep its profile and statistics."""
+        self.profile = collect_profile(self.model, self.dataset, hardware=self.hardware, steps=self.steps, seed=self.seed)
+        self.file = BaselineFile(nodeid=f"api:{self.model}", runs=[summarize(self.profile)],
+                                 model=self.model, dataset=self.dataset, tag=self.tag)
+        return self.profile
+
+    @property
+    def run(self) -> RunBaseline:
+        if self.file is None:
+            raise ValueError("the baseline holds no data: call collect() or load() first")
+        return self.file.runs[0]
+
+    def save(self, path: str | Path) -> None:
+        """Write the baseline file atomically.
+
+        Raises:
+            ValueError: nothing collected yet.
+        """
+        if self.file is None:
+            raise ValueError("nothing to save: call collect() first")
+        save_baseline(Path(path), self.file)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ProfileBaseline:
+        """Read a baseline file (made by this API or by ``--oam-save-baseline``).
+
+        Raises:
+            BaselineError: the file is missing, malformed or invalid (naming the file).
+        """
+        file = load_baseline(Path(path))
+        run = file.runs[0]
+        hardware = f"{run.hardware} x {run.devices}"
+        return cls(model=file.model or file.nodeid, dataset=file.dataset, hardware=hardware, tag=file.tag,
+                   steps=run.steps, file=file)
+
+
+@dataclass(frozen=True)
+class Regression:
+    """One regressed op type (or ``step``). Times in milliseconds; ratio = current / baseline."""
+
+    op_name: str
+    baseline_time_ms: float
+    current_time_ms: float
+    regression_ratio: float
+    limit_frac: float
+
+
+@dataclass(frozen=True)
+class ComparisonReport:
+    """The result of :func:`compare_profiles`: status, verdicts, regressions and findings."""
+
+    status: str
+    comparison: RunComparison
+    findings: list[Finding]
+
+    @property
+    def has_regression(self) -> bool:
+        return self.status == "regressed"
+
+    @property
+    def regressions(self) -> list[Regression]:
+        return [
+            Regression(v.op_type, v.baseline_s * 1e3, v.current_s * 1e3, v.current_s / v.baseline_s, v.limit_frac)
+            for v in self.comparison.verdicts
+            if v.status == "regressed"
+        ]
+
+    def to_text(self) -> str:
+        from .report import findings_text, verdict_table
+
+        lines = [f"status: {self.status}", verdict_table(self.comparison)]
+        lines += [f"note: {r}" for r in self.comparison.reasons]
+        if self.findings:
+            lines += ["diagnosis:", findings_text(self.findings)]
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        data = {
+            "status": self.status,
+            "verdicts": [vars(v) for v in self.comparison.verdicts],
+            "reasons": self.comparison.reasons,
+            "findings": [
+                {"op_type": f.op_type, "kind": f.kind, "severity": f.severity, "delta_s": f.delta_s,
+                 "call_sites": f.call_sites, "advice": f.advice,
+                 "counters": {c.name: [c.baseline, c.current] for c in f.counters}}
+                for f in self.findings
+            ],
+        }
+        return json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
+
+    def to_markdown(self) -> str:
+        from tabulate import tabulate
+
+        from .report import fmt_frac, fmt_time
+
+        rows = [(v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
+                 fmt_frac(v.limit_frac), v.status) for v in self.comparison.verdicts]
+        table = tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),
+                         tablefmt="github")
+        return f"**{self.status}**\n\n{table}\n"
+
+
+def compare_profiles(
+    baseline: ProfileBaseline | BaselineFile | Profile,
+    current: Profile,
+    regression_threshold: float | str = 0.10,
+) -> ComparisonReport:
+    """Compare ``current`` with ``baseline`` with the plugin's comparison and diagnosis.
+
+    ``regression_threshold`` is the default limit (``0.05`` or ``"5%"``); FlashAttention keeps
+    the plugin's stricter limit (2%, or the threshold if that is lower).
+
+    Raises:
+        ThresholdError: a negative, non-finite or malformed threshold.
+        ValueError: the baseline holds no data, or was made on other hardware or device count.
+    """
+    limit = parse_limit(regression_threshold)
+    flash = min(DEFAULT_THRESHOLDS["FlashAttention*"], limit)
+    resolver = LimitResolver.build(cli={"FlashAttention*": flash, "*": limit})
+    if isinstance(baseline, ProfileBaseline):
+        base_run = baseline.run
+    elif isinstance(baseline, BaselineFile):
+        base_run = baseline.runs[0]
+    else:
+        base_run = summarize(baseline)
+    current_run = summarize(current)
+    if (base_run.hardware, base_run.devices) != (current_run.hardware, current_run.devices):
+        raise ValueError(
+            f"the baseline was made on {base_run.hardware} x {base_run.devices}, the current profile on "
+            f"{current_run.hardware} x {current_run.devices}: collect both on the same hardware"
+        )
+    comparison = compare_run(0, base_run, current_run, resolver)
+    return ComparisonReport(comparison.status, comparison, diagnose(comparison, current, current_run.ops))

@@ -1,0 +1,123 @@
+"""The Python API: the snippet users write, its agreement with the plugin, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import pytest_oam as oam
+from pytest_oam.baseline import baseline_filename, load_baseline
+from pytest_oam.thresholds import ThresholdError
+
+
+def snippet(tmp_path, **current_kwargs):
+    baseline = oam.ProfileBaseline.create(model="llama-7b", dataset="wikitext-103", hardware="Ascend 910 x 8",
+                                          tag="v1.0-optimized")
+    baseline.collect()
+    baseline.save(tmp_path / "baselines" / "llama-7b-v1.0.json")
+    baseline = oam.ProfileBaseline.load(tmp_path / "baselines" / "llama-7b-v1.0.json")
+    current = oam.collect_profile(model="llama-7b", dataset="wikitext-103", **current_kwargs)
+    report = oam.compare_profiles(baseline, current, regression_threshold=0.05)
+    if report.has_regression:
+        for reg in report.regressions:
+            print(reg.op_name, reg.current_time_ms, reg.baseline_time_ms, reg.regression_ratio)
+    return report
+
+
+def test_unchanged_model_prints_nothing(tmp_path, capsys) -> None:
+    report = snippet(tmp_path)
+    assert capsys.readouterr().out == ""
+    assert report.status == "pass" and not report.has_regression
+
+
+def test_slower_flash_attention_configuration_is_printed(tmp_path, capsys) -> None:
+    report = snippet(tmp_path, block_size=64)
+    out = capsys.readouterr().out
+    assert out.startswith("FlashAttention ")
+    (fa,) = [r for r in report.regressions if r.op_name == "FlashAttention"]
+    assert fa.regression_ratio == pytest.approx(fa.current_time_ms / fa.baseline_time_ms) and fa.regression_ratio > 1.02
+    assert json.loads(report.to_json())["status"] == "regressed"
+    assert "| FlashAttention " in report.to_markdown()
+    assert "FlashAttention" in report.to_text()
+
+
+def test_api_file_is_a_plugin_baseline(tmp_path) -> None:
+    baseline = oam.ProfileBaseline.create(model="llama-7b", steps=2)
+    baseline.collect()
+    baseline.save(tmp_path / "b.json")
+    file = load_baseline(tmp_path / "b.json")
+    assert (file.nodeid, file.model, file.dataset) == ("api:llama-7b", "llama-7b", "wikitext-103")
+
+
+PLUGIN_TEST = """
+import os
+from pytest_oam.api import _DatasetSteps
+from simulator.datasets import load_dataset
+from simulator.models import LLAMA2_7B, training_step
+
+def test_llama(oam_profile):
+    lengths = load_dataset("wikitext-103").sample(4, 4096, seed=0)
+    block = int(os.environ.get("BLOCK", "128"))
+    oam_profile.run(_DatasetSteps(training_step, LLAMA2_7B, lengths, {"block_size": block}),
+                    steps=4, hardware="ascend910", devices=8)
+"""
+
+
+def test_api_and_plugin_give_the_same_numbers(pytester, monkeypatch) -> None:
+    pytester.makepyfile(test_llama=PLUGIN_TEST)
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    monkeypatch.setenv("BLOCK", "64")
+    result = pytester.runpytest("--oam-baseline", "--oam-threshold", "*=5%", "--oam-threshold",
+                                "FlashAttention*=2%", "--oam-report=r.json")
+    result.assert_outcomes(failed=1)
+    plugin = {v["op_type"]: v for v in json.loads((pytester.path / "r.json").read_text())["tests"][0]["verdicts"]}
+    # The plugin's baseline file, loaded by the API, against the API's own profile.
+    baseline = oam.ProfileBaseline.load(pytester.path / "baselines" / baseline_filename("test_llama.py::test_llama"))
+    current = oam.collect_profile(model="llama-7b", dataset="wikitext-103", block_size=64)
+    report = oam.compare_profiles(baseline, current, regression_threshold=0.05)
+    api = {r.op_name: r for r in report.regressions}
+    assert set(api) == {k for k, v in plugin.items() if v["status"] == "regressed"}
+    for op, reg in api.items():
+        assert reg.regression_ratio == pytest.approx(1 + plugin[op]["change_frac"], rel=1e-12)
+        assert reg.baseline_time_ms == pytest.approx(plugin[op]["baseline_s"] * 1e3, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: oam.ProfileBaseline.create(model="gpt-5"), ValueError,
+         r"unknown model 'gpt-5'; known: llama-13b, llama-70b, llama-7b"),
+        (lambda: oam.ProfileBaseline.create(model="llama-7b", dataset="c4"), ValueError,
+         r"unknown dataset 'c4'; known: wikitext-103"),
+        (lambda: oam.ProfileBaseline.create(model="llama-7b", hardware="H100 x 8"), ValueError,
+         r"unknown hardware 'H100 x 8'; known: ascend910, ascend910b, 'Ascend 910 x 8'"),
+        (lambda: oam.collect_profile(model="bert"), ValueError, r"unknown model 'bert'"),
+        (lambda: oam.compare_profiles(None, None, regression_threshold=-0.05), ThresholdError,
+         r"limit -0.05 is negative"),
+    ],
+)
+def test_bad_input_names_the_value_and_the_choices(call, error, message) -> None:
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_baseline_from_other_hardware_is_an_error() -> None:
+    base = oam.collect_profile(model="llama-7b", hardware="Ascend 910B x 8", steps=1)
+    cur = oam.collect_profile(model="llama-7b", hardware="Ascend 910 x 8", steps=1)
+    with pytest.raises(ValueError, match=r"baseline was made on ascend910b x 8, the current profile on ascend910 x 8"):
+        oam.compare_profiles(base, cur)
+
+
+@pytest.mark.parametrize(("text", "parsed"), [("Ascend 910 x 8", ("ascend910", 8)), ("ascend910b", ("ascend910b", 1)),
+                                              ("Ascend 910B × 16", ("ascend910b", 16))])
+def test_hardware_forms(text, parsed) -> None:
+    assert oam.parse_hardware(text) == parsed
+
+
+def test_dataset_lengths_are_reproducible() -> None:
+    from simulator.datasets import load_dataset
+
+    d = load_dataset("wikitext-103")
+    assert d.sample(16, 4096, seed=3) == d.sample(16, 4096, seed=3)
+    assert all(128 <= n <= 4096 and n % 128 == 0 for n in d.sample(1000, 4096, seed=1))
