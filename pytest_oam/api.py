@@ -283,4 +283,5 @@ def compare_profiles(
             f"{current_run.hardware} x {current_run.devices}: collect both on the same hardware"
         )
     comparison = compare_run(0, base_run, current_run, resolver)
-    return ComparisonReport(comparison.status, comparison, diagnose(comparison, current, current_run.ops))
+    findings = diagnose(comparison, current, current_run.ops, base_run.ops)
+    return ComparisonReport(comparison.status, comparison, findings)

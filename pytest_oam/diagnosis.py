@@ -48,7 +48,9 @@ def memory_bound(mte2_ratio: float, mac_ratio: float, vec_ratio: float) -> float
     return mte2_ratio / compute if compute > 0 else float("inf")
 
 
-def _advice(op_type: str, counters: list[CounterChange], current: OpStats | None) -> list[str]:
+def _advice(
+    op_type: str, counters: list[CounterChange], current: OpStats | None, baseline: OpStats | None = None
+) -> list[str]:
     moved = {c.name: c for c in counters}
     flash = op_type.startswith("FlashAttention")
     tips = []
@@ -69,14 +71,15 @@ def _advice(op_type: str, counters: list[CounterChange], current: OpStats | None
         if more_dma:
             tips.append("more DMA transfers: smaller tiles pay the MTE start-up cost more often; "
                         "use larger tiles and sizes aligned to 512 bytes")
-    if current is not None:
-        bound = memory_bound(current.mte2_ratio, current.mac_ratio, current.vec_ratio)
-        if bound > 1 and "mte2_ratio" in moved:
-            tips.append(f"the op is now memory-bound (memory_bound = {bound:.2f} > 1): DMA no longer "
-                        "hides behind compute")
     if not tips:
         tips.append("same work and traffic but slower: the kernel lost DMA/compute overlap "
                     "(check pipeline_stages) or its implementation or launch cost changed")
+    if current is not None and baseline is not None:
+        bound = memory_bound(current.mte2_ratio, current.mac_ratio, current.vec_ratio)
+        before = memory_bound(baseline.mte2_ratio, baseline.mac_ratio, baseline.vec_ratio)
+        if bound > 1 >= before:
+            tips.append(f"the op became memory-bound (memory_bound {before:.2f} -> {bound:.2f}): DMA no "
+                        "longer hides behind compute")
     return tips
 
 
@@ -92,11 +95,15 @@ def _call_sites(profile: Profile | None, op_type: str) -> list[tuple[str, float]
 
 
 def diagnose(
-    comparison: RunComparison, profile: Profile | None = None, current: dict[str, OpStats] | None = None
+    comparison: RunComparison,
+    profile: Profile | None = None,
+    current: dict[str, OpStats] | None = None,
+    baseline: dict[str, OpStats] | None = None,
 ) -> list[Finding]:
     """Findings for each regressed op type and each new one, biggest time first.
 
-    ``current`` (op type -> stats of this run) adds the memory-bound check.
+    ``current`` and ``baseline`` (op type -> stats) add the check for an op that became
+    memory-bound.
     """
     findings = []
     step_s = comparison.baseline_step_s
@@ -114,7 +121,7 @@ def diagnose(
                 step_share_frac=share,
                 counters=counters,
                 call_sites=_call_sites(profile, v.op_type),
-                advice=_advice(v.op_type, counters, (current or {}).get(v.op_type)),
+                advice=_advice(v.op_type, counters, (current or {}).get(v.op_type), (baseline or {}).get(v.op_type)),
             )
         )
     step_regressed = any(v.op_type == "step" and v.status == "regressed" for v in comparison.verdicts)

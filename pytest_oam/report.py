@@ -215,12 +215,12 @@ def markdown_report(report: OamReport) -> str:
         if t.message:
             lines += ["", t.message]
         rows = [(v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
-                 fmt_frac(v.limit_frac), v.status) for v in t.verdicts if v.status != "pass"]
+                 fmt_frac(v.limit_frac), _verdict_label(v.status, v.statistic)) for v in t.verdicts]
         if rows:
             lines += ["", tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),
                                    tablefmt="github")]
         for f in t.findings:
             where = "; ".join(site for site, _ in f.call_sites) or "-"
-            lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step, at {where}: "
-                      + " ".join(f.advice)]
+            lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step, at {where}"]
+            lines += [f"  - {tip}" for tip in f.advice]
     return "\n".join(lines) + "\n"

@@ -384,7 +384,9 @@ class OamSession:
 
     # -- the gate -------------------------------------------------------------------------------
 
-    def _evaluate(self, item: pytest.Item, profiler: OamProfiler) -> tuple[dict[str, Any], str | None]:
+    def _evaluate(
+        self, item: pytest.Item, profiler: OamProfiler, test_passed: bool = True
+    ) -> tuple[dict[str, Any], str | None]:
         """Compare the test's profiled runs with its baseline: (gate result, failure text)."""
         from .baseline import BaselineFile
         from .compare import compare_run, summarize, worst_status
@@ -424,7 +426,7 @@ class OamSession:
                     status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
                     run_findings = [
                         dataclasses.replace(f, call_sites=[(self._display_site(site), t) for site, t in f.call_sites])
-                        for f in diagnose(comparison, profile, current.ops)
+                        for f in diagnose(comparison, profile, current.ops, base_run.ops)
                     ]
                     verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
                     findings += [
@@ -451,8 +453,12 @@ class OamSession:
             notes.append(f"{profiler.baseline_error} (replaced by --oam-save-baseline)")
         status = worst_status(statuses)
         if status == "no-baseline":
-            notes.append("no baseline yet: written by --oam-save-baseline" if self.settings.save_dir
-                         else "no baseline: run with --oam-save-baseline to create one")
+            if self.settings.save_dir is None:
+                notes.append("no baseline: run with --oam-save-baseline to create one")
+            elif test_passed:
+                notes.append("no baseline yet: written by --oam-save-baseline")
+            else:
+                notes.append("no baseline, and none written: only tests that pass are saved")
         unmatched = [p for p in marker.thresholds if not any(fnmatchcase(o, p) for o in op_types)]
         if unmatched:
             notes.append("@pytest.mark.oam thresholds match no op type of this test: " + ", ".join(unmatched)
@@ -488,7 +494,7 @@ class OamSession:
         if not profiler.profiles and profiler.baseline is None:
             return report
         try:
-            result, text = self._evaluate(item, profiler)
+            result, text = self._evaluate(item, profiler, report.passed)
         except Exception:  # noqa: BLE001 - never crash the session: fail this test with the traceback
             import traceback
 

@@ -70,3 +70,21 @@ def test_other_hardware_is_incomparable() -> None:
 @pytest.mark.parametrize(("statuses", "worst"), [([], "pass"), (["pass", "improved"], "improved"), (["no-baseline", "regressed"], "regressed")])
 def test_worst_status(statuses, worst) -> None:
     assert worst_status(statuses) == worst
+
+
+def test_memory_bound_advice_only_when_the_op_became_memory_bound() -> None:
+    comparison, current = compare(current_kwargs={"block_size": 64})
+    (finding, *_) = diagnose(comparison, current, summarize(current).ops, summarize(simulator.run(model)).ops)
+    assert any("became memory-bound" in tip for tip in finding.advice)
+
+    def skinny(npu):  # a decode-shaped MatMul: memory-bound already in the baseline
+        npu.matmul(npu.tensor((16, 4096)), npu.tensor((4096, 4096)))
+
+    base, cur = simulator.run(skinny), simulator.run(skinny, op_time_scale={"MatMul": 1.2})
+    comparison = compare_run(0, summarize(base), summarize(cur), LimitResolver.build())
+    (finding, *_) = diagnose(comparison, cur, summarize(cur).ops, summarize(base).ops)
+    assert not any("memory-bound" in tip for tip in finding.advice)
+    assert finding.advice == [
+        "same work and traffic but slower: the kernel lost DMA/compute overlap (check pipeline_stages) "
+        "or its implementation or launch cost changed"
+    ]

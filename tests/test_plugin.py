@@ -586,3 +586,19 @@ def test_empty_baseline_folder_value_is_refused(pytester) -> None:
     result = pytester.runpytest("--oam-baseline=")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--oam-baseline=: the folder is empty*"])
+
+
+def test_skipped_test_is_not_saved_and_says_so(pytester) -> None:
+    pytester.makepyfile(
+        test_sk=MODEL_TEST.replace("{marker}", "import pytest") + "    pytest.skip('later')\n"
+    )
+    result = pytester.runpytest("--oam-baseline", "--oam-save-baseline")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no baseline, and none written: only tests that pass are saved*"])
+    assert not (pytester.path / "baselines").exists()
+
+
+def test_disabled_plugin_keeps_the_marker_known(pytester) -> None:
+    pytester.makepyfile(test_m="import pytest\n\n@pytest.mark.oam(devices=8)\ndef test_m():\n    pass\n")
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nmarkers = ["oam: perf gate settings"]\n')
+    pytester.runpytest("-p", "no:oam", "--strict-markers").assert_outcomes(passed=1)
