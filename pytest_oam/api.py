@@ -221,7 +221,7 @@ class ComparisonReport:
     def to_text(self) -> str:
         from .report import findings_text, verdict_table
 
-        lines = [f"status: {self.status}", verdict_table(self.comparison)]
+        lines = [f"status: {self.status}", verdict_table(self.comparison.verdicts)]
         lines += [f"note: {r}" for r in self.comparison.reasons]
         if self.findings:
             lines += ["diagnosis:", findings_text(self.findings)]
@@ -242,15 +242,9 @@ class ComparisonReport:
         return json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
 
     def to_markdown(self) -> str:
-        from tabulate import tabulate
+        from .report import verdict_table
 
-        from .report import fmt_frac, fmt_time
-
-        rows = [(v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
-                 fmt_frac(v.limit_frac), v.status) for v in self.comparison.verdicts]
-        table = tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),
-                         tablefmt="github")
-        return f"**{self.status}**\n\n{table}\n"
+        return f"**{self.status}**\n\n{verdict_table(self.comparison.verdicts, fmt='github')}\n"
 
 
 def compare_profiles(

@@ -6,12 +6,13 @@ All unit conversion for display happens here; data stays in SI units.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from tabulate import tabulate
 
-from .compare import RunComparison
+from .compare import RunComparison, Verdict
 from .diagnosis import Finding
 
 REPORT_SCHEMA_VERSION = 1
@@ -123,14 +124,15 @@ def _verdict_label(status: str, statistic: str) -> str:
     return "REGRESSED" if statistic == "median" else "REGRESSED (mean over steps)"
 
 
-def verdict_table(comparison: RunComparison) -> str:
+def verdict_table(verdicts: Sequence[Verdict | VerdictReport], fmt: str = "simple") -> str:
+    """The table of verdicts: op type, baseline, current, change, limit, verdict."""
     rows = [
         (v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
          fmt_frac(v.limit_frac), _verdict_label(v.status, v.statistic))
-        for v in comparison.verdicts
+        for v in verdicts
     ]
     return tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),
-                    colalign=("left", "right", "right", "right", "right", "left"))
+                    colalign=("left", "right", "right", "right", "right", "left"), tablefmt=fmt)
 
 
 def findings_text(findings: list[Finding]) -> str:
@@ -171,7 +173,7 @@ def failure_text(
     for comparison, findings, hardware, devices in parts:
         out.append("")
         out.append(f"run {comparison.index + 1}: {hardware} x {devices}, status {comparison.status}")
-        out.append(verdict_table(comparison))
+        out.append(verdict_table(comparison.verdicts))
         for reason in comparison.reasons:
             out.append(f"note: {reason}")
         if findings:
@@ -214,11 +216,8 @@ def markdown_report(report: OamReport) -> str:
         lines += ["", f"### {t.status}: `{t.nodeid}`"]
         if t.message:
             lines += ["", t.message]
-        rows = [(v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
-                 fmt_frac(v.limit_frac), _verdict_label(v.status, v.statistic)) for v in t.verdicts]
-        if rows:
-            lines += ["", tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),
-                                   tablefmt="github")]
+        if t.verdicts:
+            lines += ["", verdict_table(t.verdicts, fmt="github")]
         for f in t.findings:
             where = "; ".join(site for site, _ in f.call_sites) or "-"
             lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step, at {where}"]

@@ -85,6 +85,6 @@ def test_memory_bound_advice_only_when_the_op_became_memory_bound() -> None:
     (finding, *_) = diagnose(comparison, cur, summarize(cur).ops, summarize(base).ops)
     assert not any("memory-bound" in tip for tip in finding.advice)
     assert finding.advice == [
-        "same work and traffic but slower: the kernel lost DMA/compute overlap (check pipeline_stages) "
-        "or its implementation or launch cost changed"
+        ("same work and traffic but slower: the kernel lost DMA/compute overlap (check pipeline_stages) "
+         "or its implementation or launch cost changed")
     ]

@@ -294,12 +294,20 @@ def test_zero_devices_is_an_error(oam_profile):
     pytester.runpytest("--oam-hardware", "ascend910b").assert_outcomes(passed=4)
 
 
-def test_hardware_change_is_incomparable_not_pass(pytester) -> None:
+@pytest.mark.parametrize(("saved", "gated"), [("ascend910", "ascend910b"), ("ascend910b", "ascend910")],
+                         ids=["now-faster", "now-slower"])
+def test_hardware_change_is_incomparable_never_pass_or_regressed(pytester, saved, gated) -> None:
     make_test(pytester)
-    save(pytester)
-    result = pytester.runpytest("--oam-baseline", "--oam-hardware=ascend910b", "--oam-report=r.json")
+    pytester.runpytest("--oam-save-baseline", f"--oam-hardware={saved}").assert_outcomes(passed=1)
+    result = pytester.runpytest("--oam-baseline", f"--oam-hardware={gated}", "--oam-report=r.json")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["oam: incomparable test_model.py::test_model*", "*hardware differs: baseline 'ascend910', current 'ascend910b'*"])
+    result.stdout.fnmatch_lines([
+        "oam: incomparable test_model.py::test_model*",
+        f"*hardware differs: baseline '{saved}', current '{gated}'*",
+    ])
+    assert [t.status for t in OamReport.model_validate_json((pytester.path / "r.json").read_text()).tests] == [
+        "incomparable"
+    ]
 
 
 def test_shape_error_names_op_and_shapes(pytester) -> None:
@@ -498,14 +506,6 @@ def test_runs(oam_profile):
         result.stdout.fnmatch_lines([line + "*"])
         report = OamReport.model_validate_json((pytester.path / "r.json").read_text())
         assert [t.status for t in report.tests] == ["missing-ops"]
-
-
-def test_other_hardware_is_incomparable_even_when_slower(pytester) -> None:
-    make_test(pytester)
-    pytester.runpytest("--oam-save-baseline", "--oam-hardware=ascend910b").assert_outcomes(passed=1)
-    result = pytester.runpytest("--oam-baseline")  # ascend910 is slower than the 910B
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["oam: incomparable test_model.py::test_model*", "*hardware differs*"])
 
 
 def test_workload_without_ops_does_not_crash(pytester) -> None:
