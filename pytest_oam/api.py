@@ -14,22 +14,29 @@ The comparison and the diagnosis are the plugin's own (:mod:`pytest_oam.compare`
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from simulator.profile import Profile
 
 from .baseline import BaselineFile, RunBaseline, load_baseline, save_baseline
 from .compare import RunComparison, compare_run, summarize
 from .diagnosis import Finding, diagnose
+from .fileio import atomic_write_bytes, atomic_write_text
 from .thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
 
 #: Steps a profile collects by default (each draws its sequence length from the dataset).
 DEFAULT_STEPS = 4
 DEFAULT_HARDWARE = "Ascend 910 x 8"
+#: Sequence length of every step when no dataset is given.
+DEFAULT_SEQ_LEN = 2048
 
 
 def _model_zoo() -> dict[str, tuple[Callable, object]]:
@@ -44,6 +51,17 @@ def _model_zoo() -> dict[str, tuple[Callable, object]]:
 
 def known_models() -> list[str]:
     return sorted(_model_zoo())
+
+
+def model_parameters(model: str) -> list[str]:
+    """The keyword parameters a zoo model's step takes (``seq_len`` comes from the dataset)."""
+    import inspect
+
+    step, _ = _model_zoo()[model]
+    return sorted(
+        name for name, p in inspect.signature(step).parameters.items()
+        if p.kind is p.KEYWORD_ONLY and name not in ("seq_len", "layout")
+    )
 
 
 _HARDWARE_FORM = re.compile(r"^(?P<name>[a-z0-9]+?)(?:x(?P<count>\d+))?$")
@@ -88,6 +106,8 @@ def collect_profile(
     steps: int = DEFAULT_STEPS,
     seed: int = 0,
     max_seq_len: int = 4096,
+    focus: str | None = None,
+    context_ops: int = 5,
     **model_kwargs,
 ) -> Profile:
     """Simulate ``steps`` steps of ``model`` and return the profile.
@@ -96,9 +116,22 @@ def collect_profile(
     With a ``dataset``, each step of a zoo model draws its sequence length (cut to
     ``max_seq_len``) from that corpus's distribution with ``seed``.
 
+    With ``focus`` (an op type or glob, e.g. ``"FlashAttention"``), only the matching ops and
+    the ``context_ops`` ops before and after each of them keep full records; the rest are
+    summarised per step and op type (:meth:`Profile.focused`), which keeps long runs small
+    and leaves every op type's time, and so the comparison, unchanged.
+
     Raises:
-        ValueError: unknown model, dataset or hardware (naming the value and the choices).
+        ValueError: unknown model, dataset or hardware (naming the value and the choices), a
+            ``focus`` no op type matches, or a negative ``context_ops``.
     """
+    if focus is not None and (not isinstance(context_ops, int) or context_ops < 0):
+        raise ValueError(f"context_ops must be a non-negative integer, got {context_ops!r}")
+    profile = _collect(model, dataset, hardware, steps, seed, max_seq_len, model_kwargs)
+    return profile if focus is None else profile.focused(focus, context_ops)
+
+
+def _collect(model, dataset, hardware, steps, seed, max_seq_len, model_kwargs) -> Profile:
     from simulator import run
     from simulator.datasets import load_dataset
 
@@ -109,8 +142,14 @@ def collect_profile(
     if model not in zoo:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(sorted(zoo))}, or a workload function")
     step, config = zoo[model]
+    allowed = model_parameters(model)
+    unknown = sorted(set(model_kwargs) - set(allowed) - {"seq_len"})
+    if unknown:
+        raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))} for model {model!r}; "
+                         f"known: {', '.join(allowed)}")
+    fixed_seq_len = model_kwargs.pop("seq_len", DEFAULT_SEQ_LEN)
     if dataset is None:
-        lengths = [model_kwargs.pop("seq_len", 2048)]
+        lengths = [fixed_seq_len]
     else:
         lengths = load_dataset(dataset).sample(steps, max_seq_len, seed=seed)
     workload = _DatasetSteps(step, config, lengths, model_kwargs)
@@ -130,13 +169,21 @@ class ProfileBaseline:
     tag: str | None = None
     steps: int = DEFAULT_STEPS
     seed: int = 0
+    max_seq_len: int = 4096
+    seq_len: int = DEFAULT_SEQ_LEN
+    params: dict[str, object] = field(default_factory=dict)
     file: BaselineFile | None = None
     profile: Profile | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, model: str, dataset: str | None = "wikitext-103", hardware: str = DEFAULT_HARDWARE,
-               tag: str | None = None, steps: int = DEFAULT_STEPS, seed: int = 0) -> ProfileBaseline:
+               tag: str | None = None, steps: int = DEFAULT_STEPS, seed: int = 0, max_seq_len: int = 4096,
+               seq_len: int = DEFAULT_SEQ_LEN, params: dict[str, object] | None = None) -> ProfileBaseline:
         """Describe a baseline; checks every name now.
+
+        ``seq_len`` is the length of every step when ``dataset`` is ``None``; with a dataset,
+        each step draws its length (at most ``max_seq_len``) with ``seed``. ``params`` go to
+        the model's step (:func:`model_parameters` lists them, e.g. ``block_size``).
 
         Raises:
             ValueError: unknown model, dataset or hardware.
@@ -145,14 +192,21 @@ class ProfileBaseline:
 
         if model not in _model_zoo():
             raise ValueError(f"unknown model {model!r}; known: {', '.join(known_models())}")
+        unknown = sorted(set(params or {}) - set(model_parameters(model)))
+        if unknown:
+            raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))} for model {model!r}; "
+                             f"known: {', '.join(model_parameters(model))}")
         if dataset is not None:
             load_dataset(dataset)
         parse_hardware(hardware)
-        return cls(model=model, dataset=dataset, hardware=hardware, tag=tag, steps=steps, seed=seed)
+        return cls(model=model, dataset=dataset, hardware=hardware, tag=tag, steps=steps, seed=seed,
+                   max_seq_len=max_seq_len, seq_len=seq_len, params=dict(params or {}))
 
     def collect(self) -> Profile:
         """Simulate the model and keep its profile and statistics."""
-        self.profile = collect_profile(self.model, self.dataset, hardware=self.hardware, steps=self.steps, seed=self.seed)
+        self.profile = collect_profile(self.model, self.dataset, hardware=self.hardware, steps=self.steps,
+                                       seed=self.seed, max_seq_len=self.max_seq_len, seq_len=self.seq_len,
+                                       **self.params)
         self.file = BaselineFile(nodeid=f"api:{self.model}", runs=[summarize(self.profile)],
                                  model=self.model, dataset=self.dataset, tag=self.tag)
         return self.profile
@@ -242,40 +296,108 @@ class ComparisonReport:
         return json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
 
     def to_markdown(self) -> str:
-        from .report import verdict_table
+        from .report import findings_markdown, verdict_table
 
-        return f"**{self.status}**\n\n{verdict_table(self.comparison.verdicts, fmt='github')}\n"
+        lines = [f"**{self.status}**", "", verdict_table(self.comparison.verdicts, fmt="github")]
+        lines += [f"- note: {r}" for r in self.comparison.reasons]
+        lines += findings_markdown(self.findings)
+        return "\n".join(lines) + "\n"
+
+
+def _as_run(value: ProfileBaseline | BaselineFile | Profile, role: str) -> tuple[RunBaseline, Profile | None]:
+    if isinstance(value, ProfileBaseline):
+        return value.run, value.profile
+    if isinstance(value, BaselineFile):
+        return value.runs[0], None
+    if isinstance(value, Profile):
+        return summarize(value), value
+    raise TypeError(f"the {role} must be a ProfileBaseline, a BaselineFile or a Profile, not {type(value).__name__}")
 
 
 def compare_profiles(
     baseline: ProfileBaseline | BaselineFile | Profile,
-    current: Profile,
+    current: Profile | ProfileBaseline | BaselineFile,
     regression_threshold: float | str = 0.10,
 ) -> ComparisonReport:
     """Compare ``current`` with ``baseline`` with the plugin's comparison and diagnosis.
 
     ``regression_threshold`` is the default limit (``0.05`` or ``"5%"``); FlashAttention keeps
-    the plugin's stricter limit (2%, or the threshold if that is lower).
+    the plugin's stricter limit (2%, or the threshold if that is lower). A baseline file taken
+    as ``current`` compares the same way, but its findings cannot name call sites.
 
     Raises:
         ThresholdError: a negative, non-finite or malformed threshold.
         ValueError: the baseline holds no data, or was made on other hardware or device count.
+        TypeError: an argument of another type.
     """
     limit = parse_limit(regression_threshold)
     flash = min(DEFAULT_THRESHOLDS["FlashAttention*"], limit)
     resolver = LimitResolver.build(cli={"FlashAttention*": flash, "*": limit})
-    if isinstance(baseline, ProfileBaseline):
-        base_run = baseline.run
-    elif isinstance(baseline, BaselineFile):
-        base_run = baseline.runs[0]
-    else:
-        base_run = summarize(baseline)
-    current_run = summarize(current)
+    base_run, _ = _as_run(baseline, "baseline")
+    current_run, current_profile = _as_run(current, "current profile")
     if (base_run.hardware, base_run.devices) != (current_run.hardware, current_run.devices):
         raise ValueError(
             f"the baseline was made on {base_run.hardware} x {base_run.devices}, the current profile on "
             f"{current_run.hardware} x {current_run.devices}: collect both on the same hardware"
         )
     comparison = compare_run(0, base_run, current_run, resolver)
-    findings = diagnose(comparison, current, current_run.ops, base_run.ops)
+    findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops)
     return ComparisonReport(comparison.status, comparison, findings)
+
+
+# -- profile files --------------------------------------------------------------------------
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Write ``profile`` as JSON to ``path`` atomically (gzip-compressed if it ends in ``.gz``)."""
+    path = Path(path)
+    text = profile.to_json()
+    if path.suffix == ".gz":
+        atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), mtime=0))
+    else:
+        atomic_write_text(path, text)
+
+
+class ProfileFileError(ValueError):
+    """A file that is not a readable profile or baseline; the message names the file."""
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile written by :func:`save_profile` (or ``oam collect``).
+
+    Raises:
+        ProfileFileError: unreadable, not gzip/JSON, or not a valid profile (naming the file).
+    """
+    value = load_any(path)
+    if not isinstance(value, Profile):
+        raise ProfileFileError(f"{path}: is a baseline file, not a profile")
+    return value
+
+
+def load_any(path: str | Path) -> Profile | BaselineFile:
+    """Read a profile or a baseline file, whichever ``path`` holds.
+
+    Raises:
+        ProfileFileError: unreadable, not gzip/JSON, or neither a profile nor a baseline.
+        BaselineError: a baseline file that fails validation.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        compressed = raw[:2] == b"\x1f\x8b"
+        data = json.loads(gzip.decompress(raw) if compressed else raw)
+    except OSError as exc:
+        raise ProfileFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProfileFileError(f"{path}: is not a JSON profile or baseline ({exc})") from None
+    if isinstance(data, dict) and "runs" in data:
+        if compressed:
+            raise ProfileFileError(f"{path}: is a compressed baseline file; baselines are plain JSON")
+        return load_baseline(path)
+    if not isinstance(data, dict) or "ops" not in data:
+        raise ProfileFileError(f"{path}: is neither a profile (no 'ops') nor a baseline file (no 'runs')")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+        raise ProfileFileError(f"{path}: is not a valid profile: {problems}") from None

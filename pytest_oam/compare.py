@@ -42,15 +42,15 @@ def summarize(profile: Profile) -> RunBaseline:
     Raises:
         ValueError: the profile holds no operator, so there is nothing to compare.
     """
-    if not profile.ops:
+    if profile.is_empty:
         raise ValueError("the workload ran no operator: there is nothing to profile")
     totals: dict[str, dict[str, float]] = {}
-    for op in profile.ops:
+    for op in [*profile.ops, *profile.op_summaries]:
         t = totals.setdefault(
             op.op_type,
             {"count": 0.0, "flop": 0.0, "hbm_bytes": 0.0, "dma_count": 0.0, "time": 0.0, "mac": 0.0, "vec": 0.0, "mte2": 0.0},
         )
-        t["count"] += 1
+        t["count"] += getattr(op, "count", 1)
         t["flop"] += op.flop
         t["hbm_bytes"] += op.hbm_bytes
         t["dma_count"] += op.dma_count

@@ -57,7 +57,7 @@ def _advice(
     if "count_per_step" in moved:
         tips.append(f"{op_type} now runs {moved['count_per_step'].current:g} times per step "
                     f"(was {moved['count_per_step'].baseline:g}): look for added or unfused calls")
-    elif "flop" in moved:
+    elif "flop" in moved and moved["flop"].current > moved["flop"].baseline:
         tips.append(f"{op_type} does more work: its input shapes changed; check the shapes at the call sites")
     more_bytes = "hbm_bytes" in moved and moved["hbm_bytes"].current > moved["hbm_bytes"].baseline
     more_dma = "dma_count" in moved and moved["dma_count"].current > moved["dma_count"].baseline

@@ -12,6 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from tabulate import tabulate
 
+from simulator.units import MiB
+
+from .baseline import BaselineFile
 from .compare import RunComparison, Verdict
 from .diagnosis import Finding
 
@@ -111,7 +114,10 @@ def fmt_time(seconds: float | None) -> str:
 def fmt_frac(frac: float | None, signed: bool = False) -> str:
     if frac is None:
         return "-"
-    return f"{frac * 100:+.1f}%" if signed else f"{frac * 100:.1f}%"
+    percent = frac * 100 + 0.0  # + 0.0 turns -0.0 into 0.0
+    if abs(percent) < 0.05:
+        percent = 0.0  # a rounding-level change prints as +0.0%, not -0.0%
+    return f"{percent:+.1f}%" if signed else f"{percent:.1f}%"
 
 
 def fmt_rate(tokens_per_s: float | None) -> str:
@@ -218,8 +224,38 @@ def markdown_report(report: OamReport) -> str:
             lines += ["", t.message]
         if t.verdicts:
             lines += ["", verdict_table(t.verdicts, fmt="github")]
-        for f in t.findings:
-            where = "; ".join(site for site, _ in f.call_sites) or "-"
-            lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step, at {where}"]
-            lines += [f"  - {tip}" for tip in f.advice]
+        lines += findings_markdown(t.findings)
     return "\n".join(lines) + "\n"
+
+
+def findings_markdown(findings: Sequence[Finding | FindingReport]) -> list[str]:
+    """One Markdown list item per finding, its advice nested under it."""
+    lines = []
+    for f in findings:
+        where = "; ".join(site for site, _ in f.call_sites) or "-"
+        lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step, at {where}"]
+        lines += [f"  - {tip}" for tip in f.advice]
+    return lines
+
+
+def baseline_text(file: BaselineFile, fmt: str = "text") -> str:
+    """A baseline file for people: its labels, then per run the per-op statistics table."""
+    table_fmt = "github" if fmt == "markdown" else "simple"
+    labels = [f"nodeid: {file.nodeid}"]
+    labels += [f"{name}: {getattr(file, name)}" for name in ("model", "dataset", "tag") if getattr(file, name)]
+    out = ["  \n".join(labels) if fmt == "markdown" else "\n".join(labels)]
+    for i, run in enumerate(file.runs):
+        rate = "" if not run.tokens_per_step else f", {fmt_rate(run.tokens_per_step / run.step_time_s)} tokens/s (job)"
+        out += ["", (f"run {i + 1}: {run.hardware} x {run.devices}, simulator {run.simulator_version}, "
+                     f"{run.steps} steps, step time {fmt_time(run.step_time_s)} median{rate}")]
+        rows = [
+            (op_type, fmt_time(s.time_s), fmt_frac(s.time_s / run.step_time_s), f"{s.count_per_step:g}",
+             f"{s.flop / 1e9:,.1f}", f"{s.hbm_bytes / MiB:,.1f}", f"{s.mac_ratio:.2f}", f"{s.vec_ratio:.2f}",
+             f"{s.mte2_ratio:.2f}")
+            for op_type, s in sorted(run.ops.items(), key=lambda kv: -kv[1].time_s)
+        ]
+        out.append(tabulate(
+            rows, headers=("op type", "time/step", "share", "calls/step", "GFLOP", "HBM MiB", "mac_ratio",
+                           "vec_ratio", "mte2_ratio"),
+            colalign=("left",) + ("right",) * 8, tablefmt=table_fmt))
+    return "\n".join(out)

@@ -413,7 +413,7 @@ class OamSession:
                 if gating:
                     status = "missing-ops"
             summaries.append(current)
-            step_s = profile.step_time_s if profile.ops else 0.0
+            step_s = profile.step_time_s if not profile.is_empty else 0.0
             if current is not None:
                 op_types.update(current.ops)
                 top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
@@ -440,7 +440,7 @@ class OamSession:
             statuses.append(status)
             runs.append(RunReport(index=i, status=status, hardware=profile.hardware, devices=profile.devices,
                                   step_time_s=step_s, baseline_step_time_s=base_step,
-                                  tokens_per_s=profile.tokens_per_s if profile.ops else None,
+                                  tokens_per_s=profile.tokens_per_s if not profile.is_empty else None,
                                   top_ops=top_ops, reasons=reasons))
         unmatched_base = n_base - sum(m is not None for m in matched)
         if gating and unmatched_base:

@@ -5,6 +5,7 @@ A :class:`Profile` holds every operator record of every step. Times are seconds.
 
 from __future__ import annotations
 
+import fnmatch
 import statistics
 from functools import cached_property
 from typing import Literal
@@ -56,11 +57,37 @@ class OpRecord(BaseModel):
     comm: CommInfo | None = None
 
 
+class OpSummary(BaseModel):
+    """The ops of one type on one stream in one step that a focused profile did not keep.
+
+    Sums over the ``count`` ops it stands for; pipe ratios are time-weighted means. Enough to
+    compare and to time the step, not to locate single calls.
+    """
+
+    model_config = _RECORD_CONFIG
+    op_type: str
+    step: NonNegativeInt
+    stream: Literal["compute", "hccl"]
+    count: int = Field(ge=1)
+    first_start_s: NonNegativeFloat
+    last_end_s: NonNegativeFloat
+    duration_s: NonNegativeFloat
+    flop: NonNegativeFloat
+    hbm_bytes: NonNegativeFloat
+    dma_count: NonNegativeInt
+    mac_ratio: NonNegativeFloat
+    vec_ratio: NonNegativeFloat
+    mte2_ratio: NonNegativeFloat
+
+
 class Profile(BaseModel):
     """Everything one run recorded.
 
     ``devices`` is the number of cards of the job (one rank is simulated; all ranks alike).
     ``tokens_per_step`` is set by the workload through ``npu.set_tokens_per_step``.
+    ``ops`` are the recorded operators in issue order; a focused profile (:meth:`focused`)
+    keeps only some of them and aggregates the rest in ``op_summaries``. Every derived view
+    (step times, op times, :func:`pytest_oam.compare.summarize`) counts both.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -72,6 +99,9 @@ class Profile(BaseModel):
     tokens_per_step: int | None = Field(default=None, ge=1)
     workload_fingerprint: str
     ops: list[OpRecord]
+    op_summaries: list[OpSummary] = Field(default_factory=list)
+    focus: str | None = Field(default=None, description="Op type pattern a focused profile kept")
+    context_ops: int | None = Field(default=None, ge=0)
 
     # -- derived views (not serialised) ---------------------------------------------------
 
@@ -80,12 +110,13 @@ class Profile(BaseModel):
         """Wall time of each step: last op end minus first op start, over all streams."""
         first: dict[int, float] = {}
         last: dict[int, float] = {}
-        for op in self.ops:
-            end = op.start_s + op.duration_s
-            if op.step not in first or op.start_s < first[op.step]:
-                first[op.step] = op.start_s
-            if op.step not in last or end > last[op.step]:
-                last[op.step] = end
+        spans = [(op.step, op.start_s, op.start_s + op.duration_s) for op in self.ops]
+        spans += [(s.step, s.first_start_s, s.last_end_s) for s in self.op_summaries]
+        for step, start, end in spans:
+            if step not in first or start < first[step]:
+                first[step] = start
+            if step not in last or end > last[step]:
+                last[step] = end
         return [last.get(s, 0.0) - first.get(s, 0.0) for s in range(self.steps)]
 
     @property
@@ -103,10 +134,65 @@ class Profile(BaseModel):
     @cached_property
     def _op_time_by_step(self) -> dict[str, dict[int, float]]:
         table: dict[str, dict[int, float]] = {}
-        for op in self.ops:
+        for op in [*self.ops, *self.op_summaries]:
             steps = table.setdefault(op.op_type, {})
             steps[op.step] = steps.get(op.step, 0.0) + op.duration_s
         return table
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the run recorded no operator at all."""
+        return not self.ops and not self.op_summaries
+
+    def focused(self, focus: str, context_ops: int = 5) -> Profile:
+        """This profile with full records only around the ops matching ``focus``.
+
+        ``focus`` is an op type or a glob pattern over op types (``"FlashAttention*"`` takes
+        the backward kernels too). Each matching op and the ``context_ops`` ops issued before
+        and after it keep their full :class:`OpRecord`; the others are aggregated per step, op
+        type and stream into :class:`OpSummary` rows, so step and op-type times (and the gate's
+        verdicts) stay exactly those of the full profile.
+
+        Raises:
+            ValueError: ``context_ops`` is negative, or no op type matches ``focus`` (the
+                message lists the op types there are).
+        """
+        if not isinstance(context_ops, int) or context_ops < 0:
+            raise ValueError(f"context_ops must be a non-negative integer, got {context_ops!r}")
+        hits = [i for i, op in enumerate(self.ops) if fnmatch.fnmatchcase(op.op_type, focus)]
+        if not hits:
+            raise ValueError(f"focus {focus!r} matches no op type of the profile; there are: "
+                             f"{', '.join(sorted(self.op_types))}")
+        keep = [False] * len(self.ops)
+        for i in hits:
+            for j in range(max(0, i - context_ops), min(len(self.ops), i + context_ops + 1)):
+                keep[j] = True
+        groups: dict[tuple[int, str, str], list[OpRecord]] = {}
+        for op, kept in zip(self.ops, keep):
+            if not kept:
+                groups.setdefault((op.step, op.op_type, op.stream), []).append(op)
+        summaries = list(self.op_summaries)
+        for (step, op_type, stream), ops in groups.items():
+            time_s = sum(op.duration_s for op in ops)
+            weight = time_s or 1.0
+            summaries.append(OpSummary(
+                op_type=op_type, step=step, stream=stream, count=len(ops),
+                first_start_s=min(op.start_s for op in ops),
+                last_end_s=max(op.start_s + op.duration_s for op in ops),
+                duration_s=time_s,
+                flop=sum(op.flop for op in ops),
+                hbm_bytes=sum(op.hbm_bytes for op in ops),
+                dma_count=sum(op.dma_count for op in ops),
+                mac_ratio=sum(op.mac_ratio * op.duration_s for op in ops) / weight,
+                vec_ratio=sum(op.vec_ratio * op.duration_s for op in ops) / weight,
+                mte2_ratio=sum(op.mte2_ratio * op.duration_s for op in ops) / weight,
+            ))
+        return self.model_copy(update={
+            "ops": [op for op, kept in zip(self.ops, keep) if kept],
+            "op_summaries": summaries,
+            "focus": focus,
+            "context_ops": context_ops,
+        })
 
     @property
     def op_types(self) -> list[str]:

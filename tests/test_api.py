@@ -8,6 +8,7 @@ import pytest
 
 import pytest_oam as oam
 from pytest_oam.baseline import baseline_filename, load_baseline
+from pytest_oam.compare import summarize
 from pytest_oam.thresholds import ThresholdError
 
 
@@ -121,3 +122,60 @@ def test_dataset_lengths_are_reproducible() -> None:
     d = load_dataset("wikitext-103")
     assert d.sample(16, 4096, seed=3) == d.sample(16, 4096, seed=3)
     assert all(128 <= n <= 4096 and n % 128 == 0 for n in d.sample(1000, 4096, seed=1))
+
+
+# -- focused collection -------------------------------------------------------------------
+
+
+def test_focused_profile_keeps_the_focus_and_its_context_only() -> None:
+    full = oam.collect_profile(model="llama-7b", steps=2)
+    focused = oam.collect_profile(model="llama-7b", steps=2, focus="FlashAttention", context_ops=5)
+    hits = [i for i, op in enumerate(full.ops) if op.op_type == "FlashAttention"]
+    expected = sorted({j for i in hits for j in range(max(0, i - 5), min(len(full.ops), i + 6))})
+    assert [op.name for op in focused.ops] == [full.ops[j].name for j in expected]
+    assert [op.start_s for op in focused.ops] == [full.ops[j].start_s for j in expected]
+    # every op left out is counted once in a summary of its step, type and stream
+    left_out = len(full.ops) - len(expected)
+    assert sum(s.count for s in focused.op_summaries) == left_out > 0
+    assert (focused.focus, focused.context_ops) == ("FlashAttention", 5)
+    assert len(focused.to_json()) < len(full.to_json()) / 2
+
+
+def test_focused_profile_gives_the_same_verdicts_as_the_full_one() -> None:
+    full = oam.collect_profile(model="llama-7b", steps=2)
+    focused = full.focused("FlashAttention", 1)
+    a, b = summarize(full), summarize(focused)
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-12)
+    assert a.ops.keys() == b.ops.keys()
+    for op_type in a.ops:
+        for name, value in a.ops[op_type]:
+            assert getattr(b.ops[op_type], name) == pytest.approx(value, rel=1e-9), (op_type, name)
+    assert oam.compare_profiles(full, focused).status == "pass"
+    slower = oam.collect_profile(model="llama-7b", steps=2, block_size=64, focus="FlashAttention")
+    report = oam.compare_profiles(full, slower)
+    assert [r.op_name for r in report.regressions][:1] == ["FlashAttention"]
+    # the focused profile still locates the regressed op in the user's code
+    (fa,) = [f for f in report.findings if f.op_type == "FlashAttention"]
+    assert fa.call_sites and "llama.py" in fa.call_sites[0][0]
+
+
+def test_focused_profile_round_trips_through_json() -> None:
+    from simulator.profile import Profile
+
+    focused = oam.collect_profile(model="llama-7b", steps=1, focus="FlashAttention*", context_ops=0)
+    assert {op.op_type for op in focused.ops} == {"FlashAttention", "FlashAttentionGrad"}
+    assert Profile.from_json(focused.to_json()) == focused
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"focus": "FlashAtention"}, "focus 'FlashAtention' matches no op type of the profile; there are: "),
+        ({"focus": "FlashAttention", "context_ops": -1}, "context_ops must be a non-negative integer, got -1"),
+    ],
+)
+def test_bad_focus_is_an_error(kwargs, message) -> None:
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(")) as info:
+        oam.collect_profile(model="llama-7b", steps=1, **kwargs)
+    if "matches no op type" in message:
+        assert "FlashAttention" in str(info.value) and "MatMul" in str(info.value)

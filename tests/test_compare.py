@@ -88,3 +88,20 @@ def test_memory_bound_advice_only_when_the_op_became_memory_bound() -> None:
         ("same work and traffic but slower: the kernel lost DMA/compute overlap (check pipeline_stages) "
          "or its implementation or launch cost changed")
     ]
+
+
+def test_less_work_is_not_called_more_work() -> None:
+    # Regression test: a causal FlashAttention with a smaller block skips more of the masked
+    # triangle, so its FLOP fall a little while its time rises (more K/V DMA). The advice once
+    # said "does more work" for any FLOP change, up or down.
+    def causal(npu, block_size=128):
+        q = npu.tensor((1, 8, 2048, 128))
+        npu.flash_attention(q, q, q, block_size=block_size, causal=True)
+
+    base, cur = simulator.run(causal), simulator.run(causal, block_size=64)
+    comparison = compare_run(0, summarize(base), summarize(cur), LimitResolver.build())
+    (finding, *_) = diagnose(comparison, cur, summarize(cur).ops, summarize(base).ops)
+    flop = next(c for c in finding.counters if c.name == "flop")
+    assert flop.current < flop.baseline
+    assert not any("more work" in tip for tip in finding.advice)
+    assert any("block_size" in tip for tip in finding.advice)

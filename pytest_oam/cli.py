@@ -1,0 +1,232 @@
+"""The ``oam`` command: the Python API from a shell, for nightly jobs and quick looks.
+
+    oam baseline create --model llama-7b --hardware "Ascend 910 x 8" -o baselines/llama-7b.json
+    oam baseline show baselines/llama-7b.json
+    oam collect --model llama-7b --focus FlashAttention -o current.json.gz
+    oam compare baselines/llama-7b.json current.json.gz --threshold 5%
+
+Exit codes follow pytest's spirit: 0 when nothing regressed, 1 when the comparison failed the
+gate (regressed, missing ops, incomparable), 2 for bad usage or input (argparse's own code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: Comparison statuses for which ``oam compare`` exits with EXIT_FAILED.
+FAILING_STATUSES = ("regressed", "missing-ops", "incomparable")
+
+_EPILOG = """\
+examples:
+  oam baseline create --model llama-7b -o baselines/llama-7b.json
+  oam collect --model llama-7b --focus FlashAttention -o current.json.gz
+  oam compare baselines/llama-7b.json current.json.gz --threshold 5%
+
+exit codes: 0 nothing regressed, 1 the comparison failed the gate, 2 bad usage or input.
+docs: README.md, section "The Python API and the oam command"."""
+
+
+def _add_collect_options(parser: argparse.ArgumentParser) -> None:
+    from .api import DEFAULT_HARDWARE, DEFAULT_STEPS
+
+    group = parser.add_argument_group("workload")
+    group.add_argument("--model", required=True, metavar="NAME",
+                       help="model zoo name (see 'oam models'), e.g. llama-7b")
+    group.add_argument("--dataset", default="wikitext-103", metavar="NAME",
+                       help="sequence-length distribution each step draws from (default: %(default)s); "
+                            "'none' for a fixed --seq-len")
+    group.add_argument("--seq-len", type=int, default=2048, metavar="N",
+                       help="sequence length of every step with --dataset none (default: %(default)s)")
+    group.add_argument("--max-seq-len", type=int, default=4096, metavar="N",
+                       help="longest sequence a dataset draw may give (default: %(default)s)")
+    group.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="SPEC",
+                       help="device and card count, e.g. 'Ascend 910 x 8' or ascend910b (default: %(default)r)")
+    group.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                       help="steps to simulate (default: %(default)s)")
+    group.add_argument("--seed", type=int, default=0, help="seed of the sequence-length draws (default: 0)")
+    group.add_argument("--param", action="append", default=[], type=_param, metavar="KEY=VALUE",
+                       help="a model parameter, e.g. block_size=64 or fusion=false (repeatable; "
+                            "'oam models' lists them)")
+
+
+def _param(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    value = value.strip()
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return key.strip(), lowered == "true"
+    for kind in (int, float):
+        try:
+            return key.strip(), kind(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def _output_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("-o", "--output", required=True, type=Path, metavar="FILE", help=f"where to write the {what}")
+    parser.add_argument("--force", action="store_true", help="overwrite FILE if it exists (refused otherwise)")
+
+
+def _format_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                        help="output format (default: %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="oam",
+        description="pytest-oam outside pytest: make baselines, collect profiles of a simulated "
+                    "Ascend run, and compare them with the plugin's gate and diagnosis.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s (pytest-oam) {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    baseline = commands.add_parser("baseline", help="create or show a baseline file",
+                                   description="Create or show a baseline file (the plugin's format).")
+    actions = baseline.add_subparsers(dest="action", metavar="ACTION", required=True)
+    create = actions.add_parser(
+        "create", help="simulate a model and write its baseline",
+        description="Simulate a model and write its baseline, loadable by the plugin and by "
+                    "'oam compare'. An existing file is kept unless --force is given.")
+    _add_collect_options(create)
+    create.add_argument("--tag", help="a label stored in the file, e.g. v1.0-optimized")
+    _output_option(create, "baseline")
+    show = actions.add_parser("show", help="print a baseline's per-op statistics",
+                              description="Print a baseline file's runs and per-op statistics.")
+    show.add_argument("baseline", type=Path, metavar="BASELINE", help="a baseline file")
+    _format_option(show)
+
+    collect = commands.add_parser(
+        "collect", help="simulate a model and write its profile",
+        description="Simulate a model and write its full profile as JSON (gzip-compressed when "
+                    "FILE ends in .gz).")
+    _add_collect_options(collect)
+    collect.add_argument("--focus", metavar="OP",
+                         help="keep full records only for this op type (or glob) and its neighbours; "
+                              "summarise the rest")
+    collect.add_argument("--context-ops", type=int, default=5, metavar="N",
+                         help="neighbours kept before and after each --focus op (default: %(default)s)")
+    _output_option(collect, "profile")
+
+    compare = commands.add_parser(
+        "compare", help="compare a profile with a baseline",
+        description="Compare CURRENT with BASELINE using the plugin's per-op limits and "
+                    "diagnosis; exit 1 if the gate fails.")
+    compare.add_argument("baseline", type=Path, metavar="BASELINE", help="a baseline file or a profile")
+    compare.add_argument("current", type=Path, metavar="CURRENT", help="a profile (from 'oam collect') or a baseline file")
+    compare.add_argument("--threshold", default="10%", metavar="LIMIT",
+                         help="default per-op limit, e.g. 5%% or 0.05; FlashAttention keeps the "
+                              "stricter 2%% (default: %(default)s)")
+    _format_option(compare)
+
+    commands.add_parser("models", help="list the model zoo, datasets and hardware",
+                        description="List the names --model, --dataset and --hardware accept.")
+    return parser
+
+
+def _refuse_overwrite(path: Path, force: bool) -> None:
+    if path.exists() and not force:
+        raise ValueError(f"{path} exists; pass --force to overwrite it")
+
+
+def _dataset(text: str) -> str | None:
+    return None if text.lower() == "none" else text
+
+
+def _cmd_baseline_create(args: argparse.Namespace) -> int:
+    from .api import ProfileBaseline
+
+    _refuse_overwrite(args.output, args.force)
+    baseline = ProfileBaseline.create(model=args.model, dataset=_dataset(args.dataset), hardware=args.hardware,
+                                      tag=args.tag, steps=args.steps, seed=args.seed,
+                                      max_seq_len=args.max_seq_len, seq_len=args.seq_len,
+                                      params=dict(args.param))
+    baseline.collect()
+    baseline.save(args.output)
+    run = baseline.run
+    print(f"wrote {args.output}: {args.model} on {run.hardware} x {run.devices}, {run.steps} steps, "
+          f"{len(run.ops)} op types")
+    return EXIT_OK
+
+
+def _cmd_baseline_show(args: argparse.Namespace) -> int:
+    from .api import ProfileFileError, load_any
+    from .baseline import BaselineFile
+    from .report import baseline_text
+
+    file = load_any(args.baseline)
+    if not isinstance(file, BaselineFile):
+        raise ProfileFileError(f"{args.baseline}: is a profile, not a baseline file; 'oam compare' reads profiles")
+    print(file.model_dump_json(indent=2) if args.format == "json" else baseline_text(file, args.format))
+    return EXIT_OK
+
+
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from .api import collect_profile, save_profile
+
+    _refuse_overwrite(args.output, args.force)
+    profile = collect_profile(args.model, _dataset(args.dataset), hardware=args.hardware, steps=args.steps,
+                              seed=args.seed, max_seq_len=args.max_seq_len, focus=args.focus,
+                              context_ops=args.context_ops, seq_len=args.seq_len, **dict(args.param))
+    save_profile(profile, args.output)
+    kept = f", {len(profile.op_summaries)} summaries" if profile.focus else ""
+    print(f"wrote {args.output}: {profile.hardware} x {profile.devices}, {profile.steps} steps, "
+          f"{len(profile.ops)} op records{kept}")
+    return EXIT_OK
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .api import compare_profiles, load_any
+
+    report = compare_profiles(load_any(args.baseline), load_any(args.current), regression_threshold=args.threshold)
+    print({"text": report.to_text, "json": report.to_json, "markdown": report.to_markdown}[args.format]())
+    return EXIT_FAILED if report.status in FAILING_STATUSES else EXIT_OK
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from simulator.datasets import DATASETS
+    from simulator.hardware import list_hardware
+
+    from .api import known_models, model_parameters
+
+    for model in known_models():
+        print(f"model {model}: parameters {', '.join(model_parameters(model))}")
+    print("datasets: " + ", ".join(sorted(DATASETS)) + ", none")
+    print("hardware: " + ", ".join(list_hardware()) + " (add ' x N' for N cards, e.g. 'Ascend 910 x 8')")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``oam`` command; returns the exit code."""
+    from .baseline import BaselineError
+    from .thresholds import ThresholdError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = {
+        ("baseline", "create"): _cmd_baseline_create,
+        ("baseline", "show"): _cmd_baseline_show,
+        ("collect", None): _cmd_collect,
+        ("compare", None): _cmd_compare,
+        ("models", None): _cmd_models,
+    }[(args.command, getattr(args, "action", None))]
+    try:
+        return handler(args)
+    except (BaselineError, ThresholdError, ValueError, OSError) as exc:
+        print(f"oam {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The ``oam`` command: the Python API from a shell, exit codes, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+import pytest_oam as oam
+from pytest_oam.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["--model", "llama-7b", "--steps", "2"]
+
+
+def oam_cmd(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_console_script_and_module_run() -> None:
+    (script,) = entry_points(group="console_scripts", name="oam")
+    assert script.value == "pytest_oam.cli:main"
+    result = subprocess.run([sys.executable, "-m", "pytest_oam", "--help"], capture_output=True, text=True, check=True)
+    for text in ("usage: oam", "baseline", "collect", "compare", "exit codes: 0 nothing regressed"):
+        assert text in result.stdout
+
+
+def test_create_show_collect_compare(tmp_path, capsys) -> None:
+    code, out, _ = oam_cmd(capsys, "baseline", "create", *FAST, "--tag", "v1", "-o", tmp_path / "b.json")
+    assert code == 0 and out.startswith(f"wrote {tmp_path / 'b.json'}: llama-7b on ascend910 x 8, 2 steps")
+    code, out, _ = oam_cmd(capsys, "baseline", "show", tmp_path / "b.json")
+    assert code == 0 and "tag: v1" in out and "FlashAttention" in out and "mac_ratio" in out
+
+    code, out, _ = oam_cmd(capsys, "collect", *FAST, "--focus", "FlashAttention", "-o", tmp_path / "same.json.gz")
+    assert code == 0 and "summaries" in out
+    code, out, _ = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "same.json.gz")
+    assert code == 0 and out.startswith("status: pass")
+
+    code, _, _ = oam_cmd(capsys, "collect", *FAST, "--param", "block_size=64", "-o", tmp_path / "slow.json")
+    assert code == 0
+    code, out, _ = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "slow.json", "--format", "json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["status"] == "regressed"
+    # the same numbers as the Python API on the same files
+    report = oam.compare_profiles(oam.ProfileBaseline.load(tmp_path / "b.json"), oam.api.load_profile(tmp_path / "slow.json"))
+    assert data["verdicts"] == json.loads(report.to_json())["verdicts"]
+    code, out, _ = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "slow.json", "--format", "markdown")
+    assert code == 1 and "| FlashAttention " in out and "block_size" in out
+
+
+def test_existing_files_are_kept_unless_forced(tmp_path, capsys) -> None:
+    target = tmp_path / "b.json"
+    target.write_text("precious")
+    code, _, err = oam_cmd(capsys, "baseline", "create", *FAST, "-o", target)
+    assert code == 2 and "exists; pass --force" in err and target.read_text() == "precious"
+    code, _, _ = oam_cmd(capsys, "baseline", "create", *FAST, "-o", target, "--force")
+    assert code == 0 and json.loads(target.read_text())["nodeid"] == "api:llama-7b"
+
+
+def test_plugin_baselines_can_be_shown_and_compared(capsys) -> None:
+    path = next((ROOT / "baselines").glob("examples_test_llama2_training*.json"))
+    code, out, _ = oam_cmd(capsys, "baseline", "show", path)
+    assert code == 0 and "run 1: ascend910 x 8" in out
+    code, out, _ = oam_cmd(capsys, "compare", path, path)
+    assert code == 0 and out.startswith("status: pass")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["collect", "--model", "llama-8b"], "unknown model 'llama-8b'; known: llama-13b, llama-70b, llama-7b"),
+        (["collect", *FAST, "--param", "blok_size=64"], "unknown parameter 'blok_size' for model 'llama-7b'; known: "),
+        (["collect", *FAST, "--hardware", "Ascend 920 x 8"], "unknown hardware 'Ascend 920 x 8'; known: ascend910"),
+        (["collect", *FAST, "--dataset", "wikitext-2"], "wikitext-2"),
+        (["collect", *FAST, "--focus", "FlashAtention"], "focus 'FlashAtention' matches no op type"),
+    ],
+)
+def test_bad_names_exit_2_naming_the_value(tmp_path, capsys, argv, message) -> None:
+    code, out, err = oam_cmd(capsys, *argv, "-o", tmp_path / "p.json")
+    assert code == 2 and message in err and out == ""
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_bad_files_and_limits_exit_2(tmp_path, capsys) -> None:
+    oam_cmd(capsys, "baseline", "create", *FAST, "-o", tmp_path / "b.json")
+    (tmp_path / "garbage.json").write_text("not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    oam_cmd(capsys, "collect", *FAST, "--hardware", "ascend910b x 8", "-o", tmp_path / "b910b.json")
+    cases = [
+        ([tmp_path / "missing.json"], "missing.json: cannot be read"),
+        ([tmp_path / "garbage.json"], "garbage.json: is not a JSON profile or baseline"),
+        ([tmp_path / "list.json"], "list.json: is neither a profile (no 'ops') nor a baseline file"),
+        ([tmp_path / "b910b.json"], "the baseline was made on ascend910 x 8, the current profile on ascend910b x 8"),
+        ([tmp_path / "b.json", "--threshold=-5%"], "-5%"),
+        ([tmp_path / "b.json", "--threshold", "5"], "5"),
+    ]
+    for extra, message in cases:
+        code, _, err = oam_cmd(capsys, "compare", tmp_path / "b.json", *extra)
+        assert code == 2 and message in err, (extra, err)
+
+
+def test_show_a_profile_says_what_it_is(tmp_path, capsys) -> None:
+    oam_cmd(capsys, "collect", *FAST, "-o", tmp_path / "p.json.gz")
+    code, _, err = oam_cmd(capsys, "baseline", "show", tmp_path / "p.json.gz")
+    assert code == 2 and "p.json.gz: is a profile, not a baseline file" in err
