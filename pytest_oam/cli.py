@@ -4,6 +4,7 @@
     oam baseline show baselines/llama-7b.json
     oam collect --model llama-7b --focus FlashAttention -o current.json.gz
     oam compare baselines/llama-7b.json current.json.gz --threshold 5%
+    oam validate
 
 Exit codes follow pytest's spirit: 0 when nothing regressed, 1 when the comparison failed the
 gate (regressed, missing ops, incomparable), 2 for bad usage or input (argparse's own code).
@@ -27,8 +28,9 @@ examples:
   oam baseline create --model llama-7b -o baselines/llama-7b.json
   oam collect --model llama-7b --focus FlashAttention -o current.json.gz
   oam compare baselines/llama-7b.json current.json.gz --threshold 5%
+  oam validate                     # the simulator against published Ascend figures
 
-exit codes: 0 nothing regressed, 1 the comparison failed the gate, 2 bad usage or input.
+exit codes: 0 nothing regressed, 1 the comparison (or a validation case) failed, 2 bad usage or input.
 docs: README.md, section "The Python API and the oam command"."""
 
 
@@ -130,6 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
                               "stricter 2%% (default: %(default)s)")
     _format_option(compare)
 
+    validate = commands.add_parser(
+        "validate", help="compare the simulator with published Ascend figures",
+        description="Simulate every case of simulator/validation/figures.json and print case, "
+                    "hardware, published and simulated figure, error, tolerance and result; exit 1 "
+                    "if a case fails.")
+    validate.add_argument("--case", action="append", default=[], metavar="ID",
+                          help="run only this case (repeatable; a prefix selects all cases it starts)")
+    _format_option(validate)
+
     commands.add_parser("models", help="list the model zoo, datasets and hardware",
                         description="List the names --model, --dataset and --hardware accept.")
     return parser
@@ -194,6 +205,32 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report.status in FAILING_STATUSES else EXIT_OK
 
 
+def _cmd_validate(args: argparse.Namespace) -> int:
+    import json
+
+    from simulator.validation import load_cases, median_abs_error_frac, report, validate
+
+    cases = load_cases()
+    if args.case:
+        chosen = tuple(c for c in cases if any(c.id.startswith(prefix) for prefix in args.case))
+        if not chosen:
+            raise ValueError(f"no case matches {', '.join(args.case)}; cases: {', '.join(c.id for c in cases)}")
+        cases = chosen
+    results = validate(cases)
+    if args.format == "json":
+        print(json.dumps({
+            "median_abs_error_frac": median_abs_error_frac(results),
+            "cases": [{"id": r.case.id, "hardware": r.case.hardware, "metric": r.case.metric,
+                       "published": r.case.published, "accept_range": r.case.accept_range,
+                       "upper_bound": r.case.upper_bound, "simulated": r.simulated, "error_frac": r.error_frac,
+                       "tolerance_frac": r.case.tolerance_frac, "role": r.case.role, "passed": r.passed,
+                       "source": r.case.source} for r in results],
+        }, indent=2))
+    else:
+        print(report(results, "github" if args.format == "markdown" else "simple"))
+    return EXIT_OK if all(r.passed for r in results) else EXIT_FAILED
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from simulator.datasets import DATASETS
     from simulator.hardware import list_hardware
@@ -220,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("collect", None): _cmd_collect,
         ("compare", None): _cmd_compare,
         ("models", None): _cmd_models,
+        ("validate", None): _cmd_validate,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)

@@ -142,6 +142,7 @@ class _Kernel:
     iterations: float
     flop: float
     kernel_count: int = 1
+    mix: bool = False  # runs the Cube and Vector units in one kernel (its own launch floor)
 
 
 def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
@@ -154,13 +155,18 @@ def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
     waves = _ceil_div(k.block_dim, cores)
     active_cores = min(k.block_dim, cores)
     mem = hw.memory
-    transfer_s = k.hbm_bytes / (mem.hbm_bandwidth_bytes_per_s * mem.hbm_efficiency_frac)
-    transfer_s += k.l2_bytes / mem.l2_bandwidth_bytes_per_s
+    # Every read reaches the cores through L2: misses cost HBM bandwidth, and all of the
+    # traffic crosses L2; the two run concurrently, so the slower one bounds the transfer.
+    transfer_s = max(
+        k.hbm_bytes / (mem.hbm_bandwidth_bytes_per_s * mem.hbm_efficiency_frac),
+        (k.hbm_bytes + k.l2_bytes) / mem.l2_bandwidth_bytes_per_s,
+    )
     mte_s = transfer_s + waves * k.dma_per_block * hw.dma.mte_startup_latency_s
     cube_s = waves * k.cube_s_per_block
     vector_s = waves * k.vector_s_per_block
     busy_s = pipelined_time_s((cube_s, vector_s, mte_s), k.stages, waves * k.iterations)
-    launch_s = hw.launch.kernel_launch_latency_s * k.kernel_count
+    floor_s = hw.launch.mix_kernel_launch_latency_s if k.mix else hw.launch.kernel_launch_latency_s
+    launch_s = floor_s * k.kernel_count
     duration_s = launch_s + busy_s
     core_capacity_s = cores * duration_s
     return OpCost(
@@ -192,7 +198,19 @@ def _vector_s(elements: float, op_classes: dict[str, float], dtype: str, hw: Har
     """Vector unit time for ``elements`` elements, each costing the given instruction classes."""
     vu = hw.vector_unit
     cycles_per_element = sum(vu.cycles_per_op_class[c] * n for c, n in op_classes.items())
-    return elements * cycles_per_element / (hw.vector_ops_per_cycle(dtype) * hw.ai_core.clock_hz)
+    rate = hw.vector_ops_per_cycle(dtype) * hw.ai_core.clock_hz * vu.efficiency_frac
+    return elements * cycles_per_element / rate
+
+
+def vector_unit_time_s(elements: float, op_classes: dict[str, float], dtype: str, hw: HardwareSpec) -> float:
+    """Seconds for all Vector units of the chip to process ``elements`` elements held in the
+    Unified Buffer (no memory traffic), each costing the given instruction classes.
+
+    Raises:
+        ValueError: the Vector unit has no rate for ``dtype``.
+        KeyError: an unknown instruction class.
+    """
+    return _vector_s(elements, op_classes, dtype, hw) / hw.ai_core.vector_core_count
 
 
 # --------------------------------------------------------------------------------------
@@ -203,34 +221,78 @@ def matmul_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     """(batch, M, K) @ (batch, K, N) on the Cube unit, tiled per AI Core.
 
     ``spec.shapes`` is ``((batch, M, K), (batch, K, N))``. Base tile ``m_t x n_t`` is limited
-    by L0C (fp32 accumulators, double-buffered); K is streamed from HBM into L1 in chunks that
-    fit L1 with double buffering.
+    by L0C (fp32 accumulators; CATLASS's Atlas A2 matmul uses a 128 x 256 L0C tile, the whole
+    128 KiB); K is streamed from HBM into L1 in chunks that fit L1 with double buffering.
     """
     (batch, m, k), (_, _, n) = spec.shapes
-    elt = DTYPE_BYTES[spec.dtype]
+    return _best_matmul(batch, m, k, n, spec.dtype, hw)
+
+
+def _best_matmul(
+    batch: int, m: int, k: int, n: int, dtype: str, hw: HardwareSpec,
+    a_hbm_bytes: float | None = None, b_hbm_bytes: float | None = None,
+) -> OpCost:
+    """The fastest of the kernel's split-K choices (the tiling picks it, as CANN's does).
+
+    Split-K: when the C tiles leave cores idle, the cores can share K and add their fp32
+    partial tiles into C atomically (CATLASS's split-K matmul; CANN's Conv2DBackpropFilter
+    splits the batch axis the same way). Taking the best split keeps "more work never takes
+    less time": a larger problem has at most the splits of a smaller one.
+    """
+    cu, cores = hw.cube_unit, hw.ai_core.count
+    tiles = batch * _ceil_div(m, min(_round_up(m, cu.fractal_m), MATMUL_BASE_M)) * _ceil_div(n, _n_tile(m, n, hw))
+    max_split = max(1, min(cores // tiles, _ceil_div(k, cu.fractal_k))) if tiles < cores else 1
+    return min(
+        (_run_kernel(_matmul_kernel(batch, m, k, n, dtype, hw, a_hbm_bytes, b_hbm_bytes, split), hw, cores)
+         for split in range(1, max_split + 1)),
+        key=lambda cost: cost.duration_s,
+    )
+
+
+def _n_tile(m: int, n: int, hw: HardwareSpec) -> int:
     cu = hw.cube_unit
     m_t = min(_round_up(m, cu.fractal_m), MATMUL_BASE_M)
-    n_cap = hw.memory.l0c_bytes_per_core // (m_t * ACCUMULATOR_BYTES * DOUBLE_BUFFER_STAGES)
-    n_t = min(_round_up(n, cu.fractal_n), MATMUL_BASE_N, n_cap // cu.fractal_n * cu.fractal_n)
+    n_cap = hw.memory.l0c_bytes_per_core // (m_t * ACCUMULATOR_BYTES)
+    return min(_round_up(n, cu.fractal_n), MATMUL_BASE_N, n_cap // cu.fractal_n * cu.fractal_n)
+
+
+def _matmul_kernel(
+    batch: int, m: int, k: int, n: int, dtype: str, hw: HardwareSpec,
+    a_hbm_bytes: float | None = None, b_hbm_bytes: float | None = None, split_k: int = 1,
+) -> _Kernel:
+    """The tiled Cube kernel of a (batch, m, k) @ (batch, k, n) product, K split ``split_k`` ways.
+
+    ``a_hbm_bytes`` / ``b_hbm_bytes`` replace the operands' sizes in memory when the kernel
+    builds the matrix in L1 from a smaller tensor (a convolution's feature map, expanded by
+    the load3d img2col of the MTE1 queue): HBM and L2 then carry the smaller tensor.
+    """
+    elt = DTYPE_BYTES[dtype]
+    cu = hw.cube_unit
+    m_t = min(_round_up(m, cu.fractal_m), MATMUL_BASE_M)
+    n_t = _n_tile(m, n, hw)
     m_blocks, n_blocks = _ceil_div(m, m_t), _ceil_div(n, n_t)
-    block_dim = batch * m_blocks * n_blocks
+    cores = hw.ai_core.count
+    k_split = _ceil_div(k, split_k)
+    block_dim = batch * m_blocks * n_blocks * split_k
     k_chunk = hw.memory.l1_bytes_per_core // ((m_t + n_t) * elt * DOUBLE_BUFFER_STAGES)
     k_chunk = max(cu.fractal_k, k_chunk // cu.fractal_k * cu.fractal_k)
-    k_chunks = _ceil_div(k, k_chunk)
+    k_chunks = _ceil_div(k_split, k_chunk)
+    a_bytes = batch * m * k * elt if a_hbm_bytes is None else min(a_hbm_bytes, batch * m * k * elt)
+    b_bytes = batch * k * n * elt if b_hbm_bytes is None else min(b_hbm_bytes, batch * k * n * elt)
+    a_share = a_bytes / (batch * m * k * elt)
+    b_share = b_bytes / (batch * k * n * elt)
     # Each block reads an A panel (m_t x K) and a B panel (K x n_t) and writes its C tile.
     # Operands that fit in L2 whole come from HBM once; otherwise the raster decides how
     # often each panel comes from HBM, and the other reads are L2 hits.
-    read_bytes = block_dim * (m_t + n_t) * k * elt
-    unique_read_bytes = batch * (m * k + k * n) * elt
-    write_bytes = batch * m * n * elt
-    cores = hw.ai_core.count
-    if (m * k + k * n) * elt * min(batch, cores) <= hw.memory.l2_bytes:
+    read_bytes = block_dim * (m_t * a_share + n_t * b_share) * k_split * elt
+    unique_read_bytes = a_bytes + b_bytes
+    write_bytes = batch * m * n * (elt if split_k == 1 else split_k * ACCUMULATOR_BYTES)
+    if unique_read_bytes / batch * min(batch, cores) <= hw.memory.l2_bytes:
         hbm_read_bytes = unique_read_bytes
     else:
         # Swizzled raster: each wave covers a patch of rows x cols C tiles (rows x cols ~
         # cores), so A is read from HBM once per patch column band and B once per patch row
         # band (CANN's matmul L2 tiling does the same); the raster with the least traffic wins.
-        a_bytes, b_bytes = batch * m * k * elt, batch * k * n * elt
         banded = min(
             a_bytes * _ceil_div(n_blocks, min(n_blocks, _ceil_div(cores, rows)))
             + b_bytes * _ceil_div(m_blocks, rows)
@@ -239,19 +301,59 @@ def matmul_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
         hbm_read_bytes = min(read_bytes, max(unique_read_bytes, banded))
     hbm_bytes = hbm_read_bytes + write_bytes
     l2_bytes = read_bytes - hbm_read_bytes
-    kernel = _Kernel(
+    return _Kernel(
         block_dim=block_dim,
-        cube_s_per_block=_cube_s(m_t, k, n_t, spec.dtype, hw),
+        cube_s_per_block=_cube_s(m_t, k_split, n_t, dtype, hw),
         vector_s_per_block=0.0,
         hbm_bytes=hbm_bytes,
         l2_bytes=max(0.0, l2_bytes),
         dma_per_block=2 * k_chunks + 1,
         stages=DOUBLE_BUFFER_STAGES,
         # MTE1 feeds L0A/L0B one 16-deep K step at a time: that is the pipeline's grain.
-        iterations=_ceil_div(k, cu.fractal_k),
+        iterations=_ceil_div(k_split, cu.fractal_k),
         flop=2.0 * batch * m * k * n,
     )
-    return _run_kernel(kernel, hw, hw.ai_core.count)
+
+
+# --------------------------------------------------------------------------------------
+# Convolution (implicit GEMM on the Cube unit)
+
+
+def conv_output_hw(h: int, w: int, kh: int, kw: int, stride: int, padding: int) -> tuple[int, int]:
+    """Output height and width of a convolution or pooling window."""
+    return (h + 2 * padding - kh) // stride + 1, (w + 2 * padding - kw) // stride + 1
+
+
+def conv2d_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """2-D convolution and its two gradients as implicit GEMMs on the Cube unit.
+
+    Shapes (NCHW): ``Conv2D``: x (N, Cin, H, W), weight (Cout, Cin, kh, kw);
+    ``Conv2DBackpropInput``: dy (N, Cout, Ho, Wo), weight, and the ``input_hw`` attribute;
+    ``Conv2DBackpropFilter``: x, dy. Attributes ``stride`` and ``padding``.
+
+    Ascend keeps feature maps in the NC1HWC0 layout (C0 = the Cube's K fractal, 16 for
+    fp16), so the reduction axis is ``ceil(C / C0) * C0 * kh * kw`` and a 3-channel image pays
+    for 16. The feature map is read once from HBM and expanded into the img2col matrix in L1
+    (load3d), so HBM traffic is the tensors themselves.
+    """
+    stride, padding = spec.attr("stride"), spec.attr("padding")
+    c0 = hw.cube_unit.fractal_k
+    elt = DTYPE_BYTES[spec.dtype]
+    if spec.op_type == "Conv2D":
+        (n, cin, h, w), (cout, _, kh, kw) = spec.shapes
+        ho, wo = conv_output_hw(h, w, kh, kw, stride, padding)
+        m, k, cols = n * ho * wo, _round_up(cin, c0) * kh * kw, cout
+        return _best_matmul(1, m, k, cols, spec.dtype, hw, a_hbm_bytes=n * _round_up(cin, c0) * h * w * elt)
+    if spec.op_type == "Conv2DBackpropInput":
+        (n, cout, ho, wo), (_, cin, kh, kw) = spec.shapes
+        h, w = spec.attr("input_hw")
+        m, k, cols = n * h * w, _round_up(cout, c0) * kh * kw, cin
+        return _best_matmul(1, m, k, cols, spec.dtype, hw, a_hbm_bytes=n * cout * ho * wo * elt)
+    # Conv2DBackpropFilter: dW (Cout, Cin kh kw) = dy^T (Cout, N Ho Wo) @ img2col(x)
+    (n, cin, h, w), (_, cout, ho, wo) = spec.shapes
+    kh, kw = spec.attr("kernel_hw")
+    m, k, cols = cout, n * ho * wo, _round_up(cin, c0) * kh * kw
+    return _best_matmul(1, m, k, cols, spec.dtype, hw, b_hbm_bytes=n * _round_up(cin, c0) * h * w * elt)
 
 
 # --------------------------------------------------------------------------------------
@@ -285,10 +387,18 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
     # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (5 matmuls), FlashAttention-2 paper.
     matmuls = 5 if backward else 2
     cube_per_pair = matmuls * _cube_s(block, d, block, spec.dtype, hw)
-    softmax_classes = (
-        {"exp": 1, "add": 2, "mul": 3} if backward else {"max": 1, "add": 1, "exp": 1, "reduce": 1, "mul": 1}
-    )
-    vec_per_pair = _vector_s(block * block, softmax_classes, "fp32", hw)
+    # Vector work per score element, in fp32 (FlashAttention-2's online softmax):
+    # forward: scale, row max, subtract the max, exp, row sum, cast P to fp16 for PV, and
+    # the rescale-and-accumulate of the output rows (2 ops per output element, d / block
+    # of them per score element); backward: recompute P (scale, subtract LSE, exp),
+    # dS = P * (dP - D) (subtract, multiply), and cast P and dS to fp16.
+    out_per_score = d / block
+    if backward:
+        softmax_classes = {"mul": 2, "add": 2, "exp": 1, "cast": 2}
+    else:
+        softmax_classes = {"mul": 1 + out_per_score, "reduce": 2, "add": 1 + out_per_score, "exp": 1, "cast": 1}
+    # The Vector units beside each Cube unit share the softmax (910B: 2 per AI Core).
+    vec_per_pair = _vector_s(block * block, softmax_classes, "fp32", hw) / hw.vector_units_per_ai_core
     pairs_per_block = kv_per_q
     block_dim = b * h * q_blocks
     cube_s = pairs_per_block * cube_per_pair
@@ -330,6 +440,7 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
         iterations=max(1.0, pairs_per_block),
         flop=flop,
         kernel_count=kernel_count,
+        mix=fusion,
     )
     return _run_kernel(kernel, hw, hw.ai_core.count)
 
@@ -393,6 +504,31 @@ VECTOR_PROFILES: dict[str, VectorProfile] = {
     # AdamW on fp32 master weights: reads param, grad, m, v; writes param, m, v and the fp16
     # copy. Elements counted in fp32 words.
     "ApplyAdamW": VectorProfile(4, 3.5, {"mul": 7, "add": 4, "sqrt": 1, "div": 1}, "fp32"),
+    # SGD with momentum (ApplyMomentum): reads param, accum, grad; writes param, accum.
+    "ApplyMomentum": VectorProfile(3, 2, {"mul": 2, "add": 2}, "fp32"),
+    # Training batch norm as CANN splits it: BNTrainingReduce reads x for the sum and sum of
+    # squares, BNTrainingUpdate reads x again and writes y. The gradient reads dy and x for
+    # the two reductions, then dy and x again to write dx.
+    "BatchNorm": VectorProfile(2, 1, {"mul": 3, "add": 3, "reduce": 2}, "fp32"),
+    "BatchNormGrad": VectorProfile(4, 1, {"mul": 5, "add": 4, "reduce": 2}, "fp32"),
+    "Relu": VectorProfile(1, 1, {"max": 1}),
+    # Graph-mode fusion as MindSpore's Ascend backend does it (its UB fusion passes
+    # ConvBnReduceFusionPass, BnupdateEltwiseFusionPass, BnupdateEltwiseEltwiseFusionPass,
+    # DereluFusion): the convolution's epilogue computes the batch-norm sums, so
+    # BNTrainingUpdate, fused with the ReLU (and the residual Add) after it, reads y once and
+    # writes it once; backward, the ReLU gradient (from a 1-bit mask, ReluGradV2) folds into
+    # the batch-norm gradient's two passes over dy and x.
+    "BatchNormRelu": VectorProfile(1, 1, {"mul": 2, "add": 2, "max": 1}, "fp32"),
+    "BatchNormUpdate": VectorProfile(1, 1, {"mul": 2, "add": 2}, "fp32"),
+    "BatchNormAddRelu": VectorProfile(2, 1, {"mul": 2, "add": 3, "max": 1}, "fp32"),
+    "BatchNormReluGrad": VectorProfile(4, 1, {"mul": 5, "add": 4, "reduce": 2, "max": 1}, "fp32"),
+    "ReluGrad": VectorProfile(2, 1, {"max": 1}),
+    # Pooling, counted per input element: a 3x3 stride-2 max pool reads each input about
+    # 9/4 times through its overlapping windows and writes a quarter of it.
+    "MaxPool": VectorProfile(1, 0.25, {"max": 2.25}),
+    "MaxPoolGrad": VectorProfile(1.25, 1, {"max": 2.25, "add": 1}),
+    "GlobalAvgPool": VectorProfile(1, 0, {"add": 1}, "fp32"),
+    "GlobalAvgPoolGrad": VectorProfile(0, 1, {"mul": 1}, "fp32"),
 }
 
 
@@ -551,6 +687,9 @@ CostModel = Callable[[OpSpec, HardwareSpec], OpCost]
 COST_MODELS: dict[str, CostModel] = {
     "MatMul": matmul_cost,
     "BatchMatMul": matmul_cost,
+    "Conv2D": conv2d_cost,
+    "Conv2DBackpropInput": conv2d_cost,
+    "Conv2DBackpropFilter": conv2d_cost,
     "FlashAttention": flash_attention_cost,
     "FlashAttentionGrad": flash_attention_grad_cost,
     "Embedding": embedding_cost,

@@ -44,6 +44,7 @@ class VectorUnitSpec(_Group):
     cycles_per_op_class: dict[str, PositiveFloat] = Field(
         description="Relative cycles per element of each instruction class (add = 1)"
     )
+    efficiency_frac: float = Field(gt=0, le=1, description="Attainable share of the peak rate")
 
 
 class MemorySpec(_Group):
@@ -66,7 +67,10 @@ class DmaSpec(_Group):
 
 
 class LaunchSpec(_Group):
-    kernel_launch_latency_s: PositiveFloat = Field(description="Host-to-device launch floor")
+    kernel_launch_latency_s: PositiveFloat = Field(description="Launch floor of a Cube-only or Vector-only kernel")
+    mix_kernel_launch_latency_s: PositiveFloat = Field(
+        description="Launch floor of a kernel that runs the Cube and Vector units together (FlashAttention)"
+    )
 
 
 class InterconnectSpec(_Group):
@@ -112,6 +116,11 @@ class HardwareSpec(BaseModel):
             raise ValueError(
                 f"the Cube unit of {self.name} has no {dtype} rate (supported: {known})"
             ) from None
+
+    @property
+    def vector_units_per_ai_core(self) -> int:
+        """Vector units that work with one Cube unit (2 on the split 910B, 1 on the 910A)."""
+        return max(1, self.ai_core.vector_core_count // self.ai_core.count)
 
     def vector_ops_per_cycle(self, dtype: str) -> int:
         try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import __version__ as SIMULATOR_VERSION
-from .costs import OpCost, OpSpec, op_cost
+from .costs import OpCost, OpSpec, conv_output_hw, op_cost
 from .hardware import HardwareSpec, load_hardware
 from .profile import CommInfo, OpRecord, Profile
 from .units import DTYPE_BYTES
@@ -303,6 +303,127 @@ class NPU:
         if not isinstance(stages, int) or stages < 1:
             raise ShapeError(f"{op}: pipeline_stages must be a positive integer, got {stages!r}")
 
+    # -- convolution (Cube unit) and its companions -------------------------------------------
+
+    def _conv_check(self, op: str, x: Tensor, weight_shape: tuple[int, ...], stride: int, padding: int) -> tuple[int, int]:
+        if len(x.shape) != 4:
+            raise ShapeError(f"{op}: x must be (N, C, H, W), got {list(x.shape)}")
+        if len(weight_shape) != 4:
+            raise ShapeError(f"{op}: weight must be (Cout, Cin, kh, kw), got {list(weight_shape)}")
+        if x.shape[1] != weight_shape[1]:
+            raise ShapeError(f"{op}: x has {x.shape[1]} channels, weight {list(weight_shape)} expects {weight_shape[1]}")
+        for label, value, low in (("stride", stride, 1), ("padding", padding, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ShapeError(f"{op}: {label} must be an integer >= {low}, got {value!r}")
+        ho, wo = conv_output_hw(x.shape[2], x.shape[3], weight_shape[2], weight_shape[3], stride, padding)
+        if ho < 1 or wo < 1:
+            raise ShapeError(f"{op}: a {weight_shape[2]}x{weight_shape[3]} window does not fit input {list(x.shape)} "
+                             f"with padding {padding}")
+        return ho, wo
+
+    def conv2d(self, x: Tensor, weight: Tensor, *, stride: int = 1, padding: int = 0,
+               name: str | None = None) -> Tensor:
+        """2-D convolution (op type ``Conv2D``), NCHW. x (N, Cin, H, W), weight (Cout, Cin, kh, kw).
+
+        Returns (N, Cout, Ho, Wo) with ``Ho = (H + 2 padding - kh) // stride + 1``.
+
+        Raises:
+            ShapeError: not 4-D, channel mismatch, bad stride or padding, or a window larger
+                than the padded input.
+        """
+        _check_tensors("Conv2D", x=x, weight=weight)
+        ho, wo = self._conv_check("Conv2D", x, weight.shape, stride, padding)
+        self._emit("Conv2D", (x, weight), x.dtype, name, {"stride": stride, "padding": padding})
+        return Tensor((x.shape[0], weight.shape[0], ho, wo), x.dtype)
+
+    def conv2d_backward(self, dy: Tensor, x: Tensor, weight: Tensor, *, stride: int = 1, padding: int = 0,
+                        input_grad: bool = True, name: str | None = None) -> Tensor | None:
+        """Gradients of :meth:`conv2d`: ``Conv2DBackpropFilter`` (dW), then, with
+        ``input_grad``, ``Conv2DBackpropInput`` (dx, returned). dy is (N, Cout, Ho, Wo).
+
+        Raises:
+            ShapeError: as :meth:`conv2d`, or dy not the convolution's output shape.
+        """
+        _check_tensors("Conv2DBackpropFilter", dy=dy, x=x, weight=weight)
+        ho, wo = self._conv_check("Conv2DBackpropFilter", x, weight.shape, stride, padding)
+        expected = (x.shape[0], weight.shape[0], ho, wo)
+        if dy.shape != expected:
+            raise ShapeError(f"Conv2DBackpropFilter: dy {list(dy.shape)} must be {list(expected)}")
+        attrs = {"stride": stride, "padding": padding}
+        self._emit("Conv2DBackpropFilter", (x, dy), x.dtype, name, {**attrs, "kernel_hw": weight.shape[2:]})
+        if not input_grad:
+            return None
+        self._emit("Conv2DBackpropInput", (dy, weight), x.dtype, name, {**attrs, "input_hw": x.shape[2:]})
+        return Tensor(x.shape, x.dtype)
+
+    def batch_norm(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Training batch normalisation over (N, H, W) per channel (op type ``BatchNorm``)."""
+        return self._elementwise("BatchNorm", x, name=name)
+
+    def batch_norm_grad(self, dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`batch_norm` (op type ``BatchNormGrad``); returns dx."""
+        if dy.shape != x.shape:
+            raise ShapeError(f"BatchNormGrad: dy {list(dy.shape)} must match x {list(x.shape)}")
+        return self._elementwise("BatchNormGrad", dy, name=name)
+
+    def batch_norm_relu(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Batch norm fused with the ReLU after it, sums taken in the producing convolution's
+        epilogue, as graph-mode fusion builds it (op type ``BatchNormRelu``)."""
+        return self._elementwise("BatchNormRelu", x, name=name)
+
+    def batch_norm_update(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Batch norm whose sums the producing convolution took (op type ``BatchNormUpdate``)."""
+        return self._elementwise("BatchNormUpdate", x, name=name)
+
+    def batch_norm_add_relu(self, x: Tensor, residual: Tensor, *, name: str | None = None) -> Tensor:
+        """relu(batch_norm(x) + residual) in one pass (op type ``BatchNormAddRelu``)."""
+        if residual.shape != x.shape:
+            raise ShapeError(f"BatchNormAddRelu: residual {list(residual.shape)} must match x {list(x.shape)}")
+        return self._elementwise("BatchNormAddRelu", x, residual, name=name)
+
+    def batch_norm_relu_grad(self, dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`batch_norm_relu` (op type ``BatchNormReluGrad``); returns dx."""
+        if dy.shape != x.shape:
+            raise ShapeError(f"BatchNormReluGrad: dy {list(dy.shape)} must match x {list(x.shape)}")
+        return self._elementwise("BatchNormReluGrad", dy, name=name)
+
+    def relu(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """max(x, 0) (op type ``Relu``)."""
+        return self._elementwise("Relu", x, name=name)
+
+    def relu_grad(self, dy: Tensor, y: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`relu` (op type ``ReluGrad``)."""
+        return self._elementwise("ReluGrad", dy, y, name=name)
+
+    def max_pool(self, x: Tensor, *, kernel: int = 3, stride: int = 2, padding: int = 1,
+                 name: str | None = None) -> Tensor:
+        """Max pooling over ``kernel x kernel`` windows (op type ``MaxPool``), NCHW."""
+        _check_tensors("MaxPool", x=x)
+        ho, wo = self._conv_check("MaxPool", x, (x.shape[1], x.shape[1], kernel, kernel), stride, padding)
+        self._emit("MaxPool", (x,), x.dtype, name, {"kernel": kernel, "stride": stride})
+        return Tensor((*x.shape[:2], ho, wo), x.dtype)
+
+    def max_pool_grad(self, dy: Tensor, x: Tensor, *, kernel: int = 3, stride: int = 2,
+                      name: str | None = None) -> Tensor:
+        """Backward of :meth:`max_pool` (op type ``MaxPoolGrad``); returns dx."""
+        _check_tensors("MaxPoolGrad", dy=dy, x=x)
+        self._emit("MaxPoolGrad", (x, dy), x.dtype, name, {"kernel": kernel, "stride": stride})
+        return Tensor(x.shape, x.dtype)
+
+    def global_avg_pool(self, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Mean over H and W (op type ``GlobalAvgPool``): (N, C, H, W) -> (N, C)."""
+        _check_tensors("GlobalAvgPool", x=x)
+        if len(x.shape) != 4:
+            raise ShapeError(f"GlobalAvgPool: x must be (N, C, H, W), got {list(x.shape)}")
+        self._emit("GlobalAvgPool", (x,), x.dtype, name)
+        return Tensor(x.shape[:2], x.dtype)
+
+    def global_avg_pool_grad(self, dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
+        """Backward of :meth:`global_avg_pool` (op type ``GlobalAvgPoolGrad``); returns dx."""
+        _check_tensors("GlobalAvgPoolGrad", dy=dy, x=x)
+        self._emit("GlobalAvgPoolGrad", (x, dy), x.dtype, name)
+        return Tensor(x.shape, x.dtype)
+
     # -- Vector unit ---------------------------------------------------------------------------
 
     def _elementwise(self, op_type: str, x: Tensor, *others: Tensor, name: str | None) -> Tensor:
@@ -427,6 +548,12 @@ class NPU:
         if not isinstance(param_numel, int) or param_numel < 1:
             raise ShapeError(f"ApplyAdamW: param_numel must be a positive integer, got {param_numel!r}")
         self._emit("ApplyAdamW", (Tensor((param_numel,), "fp32"),), "fp32", name)
+
+    def momentum(self, param_numel: int, *, name: str | None = None) -> None:
+        """SGD-with-momentum update of ``param_numel`` fp32 weights (op type ``ApplyMomentum``)."""
+        if not isinstance(param_numel, int) or param_numel < 1:
+            raise ShapeError(f"ApplyMomentum: param_numel must be a positive integer, got {param_numel!r}")
+        self._emit("ApplyMomentum", (Tensor((param_numel,), "fp32"),), "fp32", name)
 
     # -- HCCL collectives ---------------------------------------------------------------------
 

@@ -73,7 +73,9 @@ def test_worst_status(statuses, worst) -> None:
 
 
 def test_memory_bound_advice_only_when_the_op_became_memory_bound() -> None:
-    comparison, current = compare(current_kwargs={"block_size": 64})
+    # On the 910A the softmax keeps FlashAttention vector-bound down to block 64; at block 32
+    # the K/V re-reads make it memory-bound (memory_bound 0.32 -> 2.08).
+    comparison, current = compare(current_kwargs={"block_size": 32})
     (finding, *_) = diagnose(comparison, current, summarize(current).ops, summarize(simulator.run(model)).ops)
     assert any("became memory-bound" in tip for tip in finding.advice)
 

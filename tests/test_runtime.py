@@ -78,6 +78,17 @@ def test_op_time_scale_slows_only_that_op() -> None:
          r"matmul: a must be a Tensor \(made with npu.tensor\(shape, dtype\)\), got tuple"),
         (lambda npu: npu.all_reduce(npu.tensor((4,)), ranks=[0, 9]), ValueError,
          r"AllReduce: ranks \[0, 9\] must be distinct integers in \[0, 1\)"),
+        (lambda npu: npu.conv2d(npu.tensor((8, 3, 32)), npu.tensor((16, 3, 3, 3))), ShapeError,
+         r"Conv2D: x must be \(N, C, H, W\), got \[8, 3, 32\]"),
+        (lambda npu: npu.conv2d(npu.tensor((8, 3, 32, 32)), npu.tensor((16, 4, 3, 3))), ShapeError,
+         r"Conv2D: x has 3 channels, weight \[16, 4, 3, 3\] expects 4"),
+        (lambda npu: npu.conv2d(npu.tensor((8, 3, 4, 4)), npu.tensor((16, 3, 7, 7))), ShapeError,
+         r"Conv2D: a 7x7 window does not fit input \[8, 3, 4, 4\] with padding 0"),
+        (lambda npu: npu.conv2d(npu.tensor((8, 3, 32, 32)), npu.tensor((16, 3, 3, 3)), stride=0), ShapeError,
+         r"Conv2D: stride must be an integer >= 1, got 0"),
+        (lambda npu: npu.conv2d_backward(npu.tensor((8, 16, 30, 31)), npu.tensor((8, 3, 32, 32)),
+                                         npu.tensor((16, 3, 3, 3))), ShapeError,
+         r"Conv2DBackpropFilter: dy \[8, 16, 30, 31\] must be \[8, 16, 30, 30\]"),
     ],
 )
 def test_bad_shapes_name_the_op(workload, error, message) -> None:
@@ -129,3 +140,18 @@ def test_llama_that_does_not_fit_is_a_clear_error() -> None:
         simulator.run(training_step, LLAMA2_70B, devices=8)
     with pytest.raises(ValueError, match=r"layout tp=2 x dp=2 needs 4 cards, the job has 8"):
         simulator.run(training_step, devices=8, layout=ParallelLayout(2, 2))
+
+
+def test_resnet50_parameters_and_step() -> None:
+    from simulator.models.resnet import resnet50_param_count, resnet50_training_step
+
+    # 25,557,032 weights: the figure torchvision's resnet50 reports (He et al., 2016, Table 1).
+    assert resnet50_param_count() == 25_557_032
+    profile = simulator.run(resnet50_training_step, batch_size=32)
+    counts = {t: len(profile.ops_of(t)) for t in ("Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput")}
+    # 53 convolutions (stem, 16 blocks x 3, 4 projection shortcuts); the stem needs no dx.
+    assert counts == {"Conv2D": 53, "Conv2DBackpropFilter": 53, "Conv2DBackpropInput": 52}
+    unfused = simulator.run(resnet50_training_step, batch_size=32, fusion=False)
+    assert unfused.step_time_s > profile.step_time_s  # graph-mode fusion saves passes over HBM
+    with pytest.raises(ShapeError, match="resnet50: batch_size must be a positive integer, got 0"):
+        simulator.run(resnet50_training_step, batch_size=0)

@@ -1,0 +1,268 @@
+"""Validation of the simulator against published Ascend figures: one table anyone can rerun.
+
+    python -m simulator.validation        # or: oam validate
+
+The published figures, their sources and tolerances live in ``figures.json`` beside this
+module; each case names a workload below, which simulates it and returns the figure in the
+case's metric (SI units). A case passes when the simulated figure is within
+``tolerance_frac`` of the published one, inside ``accept_range`` when the source gives a band,
+or at most ``upper_bound`` for sanity bounds. ``role: calibration`` marks figures that set a
+model parameter (named in the hardware data), so their agreement is by construction.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from collections.abc import Callable
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..costs import vector_unit_time_s
+from ..hardware import HardwareSpec, load_hardware
+from ..models import LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, ParallelLayout, training_step
+from ..runtime import run
+
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class Case(BaseModel):
+    """One published figure to reproduce."""
+
+    model_config = _STRICT
+    id: str
+    hardware: str
+    workload: str
+    params: dict[str, object] = Field(default_factory=dict)
+    metric: Literal["flop_per_s", "speedup_ratio", "tokens_per_s_per_card", "images_per_s", "mfu_frac", "peak_frac"]
+    published: float | None = None
+    tolerance_frac: float | None = Field(default=None, gt=0)
+    accept_range: tuple[float, float] | None = None
+    upper_bound: float | None = None
+    role: Literal["validation", "calibration"] = "validation"
+    source: str = Field(min_length=1)
+
+
+class FiguresFile(BaseModel):
+    model_config = _STRICT
+    schema_version: Literal[1]
+    description: str
+    cases: list[Case]
+
+
+class CaseResult(BaseModel):
+    """A case with its simulated figure. ``error_frac`` is signed, ``None`` for bounds."""
+
+    model_config = ConfigDict(frozen=True)
+    case: Case
+    simulated: float
+    error_frac: float | None
+    passed: bool
+
+    @property
+    def is_bound(self) -> bool:
+        return self.case.upper_bound is not None
+
+
+@functools.cache
+def load_cases() -> tuple[Case, ...]:
+    """The cases of ``figures.json``.
+
+    Raises:
+        pydantic.ValidationError: the file does not follow :class:`FiguresFile`.
+    """
+    text = resources.files(__package__).joinpath("figures.json").read_text(encoding="utf-8")
+    return tuple(FiguresFile.model_validate(json.loads(text)).cases)
+
+
+# -- workloads: each returns the case's metric ----------------------------------------------------
+
+_LLAMA = {"llama-2-7b": LLAMA2_7B, "llama-2-13b": LLAMA2_13B, "llama-2-70b": LLAMA2_70B}
+
+
+def _gemm_flop_per_s(hw: HardwareSpec, n: int, dtype: str) -> float:
+    def gemm(npu):
+        npu.matmul(npu.tensor((n, n), dtype), npu.tensor((n, n), dtype))
+
+    return 2.0 * n**3 / run(gemm, hardware=hw).step_time_s
+
+
+def gemm(hw: HardwareSpec, n: int, dtype: str = "fp16") -> float:
+    """FLOP/s of one square ``n``-sized GEMM: ``2 n^3`` FLOP over the op's time."""
+    return _gemm_flop_per_s(hw, n, dtype)
+
+
+def gemm_peak(hw: HardwareSpec, sizes: list[int], dtype: str = "fp16") -> float:
+    """The best FLOP/s over square GEMMs of the given sizes."""
+    return max(_gemm_flop_per_s(hw, n, dtype) for n in sizes)
+
+
+def gemm_peak_frac(hw: HardwareSpec, sizes: list[int], dtype: str = "fp16") -> float:
+    """:func:`gemm_peak` as a share of the Cube unit's peak rate."""
+    return gemm_peak(hw, sizes, dtype) / hw.peak_cube_flop_per_s(dtype)
+
+
+def vector_peak(hw: HardwareSpec, n: int, dtype: str = "fp16") -> float:
+    """FLOP/s of a Unified-Buffer-resident multiply-add over ``n`` elements (2 FLOP each).
+
+    A microbenchmark that keeps its data in the Unified Buffer has no HBM traffic, so this is
+    the Vector unit model alone, over all Vector units of the chip.
+    """
+    return 2.0 * n / vector_unit_time_s(n, {"mul": 1, "add": 1}, dtype, hw)
+
+
+def flash_attention(hw: HardwareSpec, seq_len: int, head_dim: int, heads: int = 1, dtype: str = "fp16") -> float:
+    """FLOP/s of one FlashAttention forward, no mask, counting ``4 S^2 D`` FLOP per head."""
+
+    def fa(npu):
+        q = npu.tensor((1, heads, seq_len, head_dim), dtype)
+        npu.flash_attention(q, q, q)
+
+    return 4.0 * seq_len**2 * head_dim * heads / run(fa, hardware=hw).step_time_s
+
+
+def fused_speedup(hw: HardwareSpec, seq_len: int, heads: int, head_dim: int, dtype: str = "fp16") -> float:
+    """Time of standard attention over FlashAttention's, causal, batch 1.
+
+    Standard attention is the eager PyTorch composition: ``Q K^T`` (BatchMatMul), scale (Mul),
+    causal mask (Add), Softmax, ``P V`` (BatchMatMul), the score matrix in HBM between them.
+    """
+
+    def standard(npu):
+        q = npu.tensor((1, heads, seq_len, head_dim), dtype)
+        scores = npu.matmul(q, q, transpose_b=True)
+        scores = npu.mul(scores, npu.tensor((1,), dtype))
+        scores = npu.add(scores, npu.tensor((seq_len, seq_len), dtype))
+        npu.matmul(npu.softmax(scores), q)
+
+    def fused(npu):
+        q = npu.tensor((1, heads, seq_len, head_dim), dtype)
+        npu.flash_attention(q, q, q, causal=True)
+
+    return run(standard, hardware=hw).step_time_s / run(fused, hardware=hw).step_time_s
+
+
+def _llama_profile(hw: HardwareSpec, model: str, devices: int, seq_len: int, dtype: str,
+                   tensor_parallel: int | None = None):
+    config = _LLAMA[model]
+    layout = None if tensor_parallel is None else ParallelLayout(tensor_parallel, devices // tensor_parallel)
+    return run(training_step, config, hardware=hw, devices=devices, seq_len=seq_len, dtype=dtype, layout=layout), config
+
+
+def llama_training(hw: HardwareSpec, model: str, devices: int, seq_len: int, dtype: str,
+                   tensor_parallel: int | None = None) -> float:
+    """Training tokens per second per card of one step."""
+    profile, _ = _llama_profile(hw, model, devices, seq_len, dtype, tensor_parallel)
+    return profile.tokens_per_s / devices
+
+
+def llama_mfu(hw: HardwareSpec, model: str, devices: int, seq_len: int, dtype: str,
+              tensor_parallel: int | None = None) -> float:
+    """Model FLOP utilisation: ``6 N + 12 L h s`` FLOP per token (PaLM's count) over peak."""
+    profile, config = _llama_profile(hw, model, devices, seq_len, dtype, tensor_parallel)
+    flop_per_token = 6 * config.param_count + 12 * config.num_layers * config.hidden_size * seq_len
+    return profile.tokens_per_s * flop_per_token / (devices * hw.peak_cube_flop_per_s(dtype))
+
+
+def resnet50_training(hw: HardwareSpec, devices: int, batch_size: int) -> float:
+    """Training images per second of the whole job (``batch_size`` per card)."""
+    from ..models.resnet import resnet50_training_step
+
+    profile = run(resnet50_training_step, hardware=hw, devices=devices, batch_size=batch_size)
+    return batch_size * devices / profile.step_time_s
+
+
+WORKLOADS: dict[str, Callable[..., float]] = {
+    "gemm": gemm,
+    "gemm_peak": gemm_peak,
+    "gemm_peak_frac": gemm_peak_frac,
+    "vector_peak": vector_peak,
+    "flash_attention": flash_attention,
+    "fused_speedup": fused_speedup,
+    "llama_training": llama_training,
+    "llama_mfu": llama_mfu,
+    "resnet50_training": resnet50_training,
+}
+
+
+def evaluate(case: Case) -> CaseResult:
+    """Simulate one case and judge it.
+
+    Raises:
+        ValueError: the case names an unknown workload or hardware.
+    """
+    if case.workload not in WORKLOADS:
+        raise ValueError(f"case {case.id}: unknown workload {case.workload!r}; known: {', '.join(WORKLOADS)}")
+    value = WORKLOADS[case.workload](load_hardware(case.hardware), **case.params)
+    if case.upper_bound is not None:
+        return CaseResult(case=case, simulated=value, error_frac=None, passed=value <= case.upper_bound)
+    if case.accept_range is not None:
+        low, high = case.accept_range
+        error = 0.0 if low <= value <= high else (value - low) / low if value < low else (value - high) / high
+        tolerance = case.tolerance_frac or 0.0
+        return CaseResult(case=case, simulated=value, error_frac=error, passed=abs(error) <= tolerance)
+    error = (value - case.published) / case.published
+    return CaseResult(case=case, simulated=value, error_frac=error, passed=abs(error) <= case.tolerance_frac)
+
+
+def validate(cases: tuple[Case, ...] | None = None) -> list[CaseResult]:
+    """Evaluate every case (all of ``figures.json`` by default)."""
+    return [evaluate(case) for case in (cases if cases is not None else load_cases())]
+
+
+def median_abs_error_frac(results: list[CaseResult]) -> float:
+    """Median absolute error over the validation (not calibration, not bound) cases."""
+    errors = [abs(r.error_frac) for r in results if r.error_frac is not None and r.case.role == "validation"]
+    return statistics.median(errors) if errors else 0.0
+
+
+_DISPLAY = {
+    "flop_per_s": (1e12, "TFLOP/s"),
+    "speedup_ratio": (1.0, "x"),
+    "tokens_per_s_per_card": (1.0, "tokens/s/card"),
+    "images_per_s": (1.0, "images/s"),
+    "mfu_frac": (0.01, "% MFU"),
+    "peak_frac": (0.01, "% of peak"),
+}
+
+
+def _fmt(value: float, metric: str) -> str:
+    scale, unit = _DISPLAY[metric]
+    shown = value / scale
+    return f"{shown:,.0f} {unit}" if abs(shown) >= 1000 else f"{shown:.4g} {unit}"
+
+
+def table(results: list[CaseResult], fmt: str = "simple") -> str:
+    """The validation table: case, hardware, published, simulated, error, tolerance, pass."""
+    from tabulate import tabulate
+
+    rows = []
+    for r in results:
+        c = r.case
+        if c.upper_bound is not None:
+            published, tolerance = f"<= {_fmt(c.upper_bound, c.metric)}", "bound"
+        elif c.accept_range is not None:
+            low, high = c.accept_range
+            published = f"{_fmt(low, c.metric)} .. {_fmt(high, c.metric)}"
+            tolerance = f"{c.tolerance_frac * 100:.0f}% of band" if c.tolerance_frac else "in band"
+        else:
+            published, tolerance = _fmt(c.published, c.metric), f"{c.tolerance_frac * 100:.0f}%"
+        error = "-" if r.error_frac is None else f"{r.error_frac * 100:+.1f}%"
+        verdict = ("pass" if r.passed else "FAIL") + (" (calibration)" if c.role == "calibration" else "")
+        rows.append((c.id, c.hardware, published, _fmt(r.simulated, c.metric), error, tolerance, verdict))
+    return tabulate(rows, headers=("case", "hardware", "published", "simulated", "error", "tolerance", "result"),
+                    colalign=("left", "left", "right", "right", "right", "right", "left"), tablefmt=fmt)
+
+
+def report(results: list[CaseResult], fmt: str = "simple") -> str:
+    """The table and its summary line."""
+    failed = [r.case.id for r in results if not r.passed]
+    summary = (f"median absolute error {median_abs_error_frac(results) * 100:.1f}% over "
+               f"{sum(1 for r in results if r.error_frac is not None and r.case.role == 'validation')} "
+               f"validation cases (target <= 10%); {len(results) - len(failed)}/{len(results)} cases pass")
+    if failed:
+        summary += "; failing: " + ", ".join(failed)
+    return table(results, fmt) + "\n" + summary
