@@ -37,6 +37,10 @@ class OpStats(BaseModel):
     model_config = _CONFIG
     time_s: PositiveFloat = Field(description="Time of this op type per step: median over the steps it ran in")
     mean_time_s: PositiveFloat = Field(description="Time of this op type per step: mean over all steps")
+    p99_time_s: PositiveFloat | None = Field(
+        default=None, description="99th percentile over the steps it ran in (runs of at least 50 steps)"
+    )
+    max_time_s: PositiveFloat | None = Field(default=None, description="Slowest step's time of this op type")
     count_per_step: PositiveFloat
     flop: NonNegativeFloat
     hbm_bytes: NonNegativeFloat
@@ -58,6 +62,10 @@ class RunBaseline(BaseModel):
     steps: int = Field(ge=1)
     step_time_s: PositiveFloat = Field(description="Median step time")
     step_time_mean_s: PositiveFloat = Field(description="Mean step time")
+    step_time_p99_s: PositiveFloat | None = Field(
+        default=None, description="99th percentile step time (runs of at least 50 steps)"
+    )
+    step_time_max_s: PositiveFloat | None = Field(default=None, description="Slowest step")
     tokens_per_step: int | None = Field(default=None, ge=1)
     ops: dict[OpType, OpStats]
 

@@ -28,9 +28,24 @@ STATUS_ORDER = (
     "pass",
     "not-gated",
 )
+#: Runs shorter than this have no p99: with fewer steps it is just the maximum, one sample.
+JITTER_MIN_STEPS = 50
+#: The percentile a jitter baseline keeps and compares.
+TAIL_PERCENTILE = 99
+
 #: Counters compared for a regressed op type, with the share of change that counts as moved.
 COUNTER_FIELDS = ("count_per_step", "flop", "hbm_bytes", "dma_count", "mac_ratio", "vec_ratio", "mte2_ratio")
 COUNTER_MOVED_FRAC = 0.01
+
+
+def tail_s(values: list[float], steps: int) -> float | None:
+    """The :data:`TAIL_PERCENTILE` of ``values`` (numpy's linear interpolation), or ``None``
+    for a run of fewer than :data:`JITTER_MIN_STEPS` steps."""
+    if steps < JITTER_MIN_STEPS or not values:
+        return None
+    import numpy as np
+
+    return float(np.percentile(values, TAIL_PERCENTILE))
 
 
 def summarize(profile: Profile) -> RunBaseline:
@@ -65,9 +80,12 @@ def summarize(profile: Profile) -> RunBaseline:
             continue
         steps = profile.op_steps(op_type)
         weight = t["time"] or 1.0
+        per_step = profile.op_step_times_s(op_type)
         ops[op_type] = OpStats(
             time_s=time_s,
             mean_time_s=t["time"] / profile.steps,
+            p99_time_s=tail_s(per_step, profile.steps),
+            max_time_s=max(per_step),
             count_per_step=t["count"] / steps,
             flop=t["flop"] / steps,
             hbm_bytes=t["hbm_bytes"] / steps,
@@ -84,6 +102,8 @@ def summarize(profile: Profile) -> RunBaseline:
         steps=profile.steps,
         step_time_s=profile.step_time_s,
         step_time_mean_s=statistics.fmean(profile.step_times_s),
+        step_time_p99_s=tail_s(profile.step_times_s, profile.steps),
+        step_time_max_s=max(profile.step_times_s),
         tokens_per_step=profile.tokens_per_step,
         ops=ops,
     )
@@ -100,7 +120,7 @@ class Verdict:
     limit_frac: float
     limit_source: str
     status: str
-    statistic: str = "median"  # which per-step statistic decided: median, or mean over all steps
+    statistic: str = "median"  # which per-step statistic decided: median, mean over all steps, or p99
 
 
 @dataclass(frozen=True)
@@ -154,22 +174,26 @@ def _identity_mismatches(baseline: RunBaseline, current: RunBaseline) -> tuple[l
 
 def _verdict(
     op_type: str,
-    base: tuple[float, float] | None,
-    cur: tuple[float, float] | None,
+    base: tuple[float, float, float | None] | None,
+    cur: tuple[float, float, float | None] | None,
     resolver: LimitResolver,
 ) -> Verdict:
-    """``base`` and ``cur`` are (median, mean) seconds per step.
+    """``base`` and ``cur`` are (median, mean, p99 or ``None``) seconds per step.
 
     The median (robust to a rare slow step) decides, except that a mean over all steps above
     the limit is a regression too: it catches ops that got slower in only some steps, or began
-    to run in more of them.
+    to run in more of them; and when both runs are long enough to have a p99, a p99 above the
+    limit is a jitter regression (the median can stay put while rare spikes grow).
     """
     limit = resolver.resolve(op_type)
     if base is None:
         return Verdict(op_type, None, cur[0], None, limit.frac, limit.source, "new")
     if cur is None:
         return Verdict(op_type, base[0], None, None, limit.frac, limit.source, "missing")
-    for statistic, b, c in (("median", base[0], cur[0]), ("mean", base[1], cur[1])):
+    checks = [("median", base[0], cur[0]), ("mean", base[1], cur[1])]
+    if base[2] is not None and cur[2] is not None:
+        checks.append(("p99", base[2], cur[2]))
+    for statistic, b, c in checks:
         if c > b * (1.0 + limit.frac):
             return Verdict(op_type, b, c, c / b - 1.0, limit.frac, limit.source, "regressed", statistic)
     b, c = base[0], cur[0]
@@ -181,14 +205,14 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
     """Compare one run with its baseline under the limits of ``resolver``."""
     def stats(run: RunBaseline, op_type: str) -> tuple[float, float] | None:
         op = run.ops.get(op_type)
-        return None if op is None else (op.time_s, op.mean_time_s)
+        return None if op is None else (op.time_s, op.mean_time_s, op.p99_time_s)
 
     verdicts = [
         _verdict(op_type, stats(baseline, op_type), stats(current, op_type), resolver)
         for op_type in list(baseline.ops) + [o for o in current.ops if o not in baseline.ops]
     ]
-    verdicts.append(_verdict(STEP_ROW, (baseline.step_time_s, baseline.step_time_mean_s),
-                             (current.step_time_s, current.step_time_mean_s), resolver))
+    verdicts.append(_verdict(STEP_ROW, (baseline.step_time_s, baseline.step_time_mean_s, baseline.step_time_p99_s),
+                             (current.step_time_s, current.step_time_mean_s, current.step_time_p99_s), resolver))
     hard, workload = _identity_mismatches(baseline, current)
     reasons = hard + workload
     counters = {}

@@ -37,7 +37,7 @@ class VerdictReport(BaseModel):
     limit_frac: float = Field(ge=0)
     limit_source: str
     status: Literal["pass", "regressed", "improved", "new", "missing"]
-    statistic: Literal["median", "mean"] = Field(description="The per-step statistic that decided")
+    statistic: Literal["median", "mean", "p99"] = Field(description="The per-step statistic that decided")
 
 
 class FindingReport(BaseModel):
@@ -127,7 +127,9 @@ def fmt_rate(tokens_per_s: float | None) -> str:
 def _verdict_label(status: str, statistic: str) -> str:
     if status != "regressed":
         return status
-    return "REGRESSED" if statistic == "median" else "REGRESSED (mean over steps)"
+    return {"median": "REGRESSED", "mean": "REGRESSED (mean over steps)"}.get(
+        statistic, f"REGRESSED ({statistic} over steps)"
+    )
 
 
 def verdict_table(verdicts: Sequence[Verdict | VerdictReport], fmt: str = "simple") -> str:

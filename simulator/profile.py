@@ -209,6 +209,11 @@ class Profile(BaseModel):
         per_step = self._op_time_by_step.get(op_type)
         return statistics.median(per_step.values()) if per_step else 0.0
 
+    def op_step_times_s(self, op_type: str) -> list[float]:
+        """Total time of ``op_type`` in each step it ran in, in step order (seconds)."""
+        per_step = self._op_time_by_step.get(op_type, {})
+        return [per_step[s] for s in sorted(per_step)]
+
     def op_steps(self, op_type: str) -> int:
         """Number of steps in which ``op_type`` ran."""
         return len(self._op_time_by_step.get(op_type, ()))

@@ -107,3 +107,37 @@ def test_less_work_is_not_called_more_work() -> None:
     assert flop.current < flop.baseline
     assert not any("more work" in tip for tip in finding.advice)
     assert any("block_size" in tip for tip in finding.advice)
+
+
+def spiky(every: int):
+    """A workload whose FlashAttention runs with a slow block size every ``every``-th step."""
+    state = {"step": 0}
+
+    def work(npu):
+        state["step"] += 1
+        slow = every and state["step"] % every == 0
+        q = npu.tensor((1, 8, 2048, 128))
+        npu.flash_attention(q, q, q, block_size=32 if slow else 128)
+
+    return work
+
+
+def test_rare_spikes_fail_on_the_p99_when_median_and_mean_pass() -> None:
+    # 2 slow steps in 100: median unchanged, mean +3.4% (under a 5% limit), p99 +171%.
+    resolver = LimitResolver.build(cli={"*": 0.05})
+    base, cur = simulator.run(spiky(0), steps=100), simulator.run(spiky(50), steps=100)
+    comparison = compare_run(0, summarize(base), summarize(cur), resolver)
+    fa = next(v for v in comparison.verdicts if v.op_type == "FlashAttention")
+    assert (fa.status, fa.statistic) == ("regressed", "p99")
+    assert summarize(cur).ops["FlashAttention"].time_s == summarize(base).ops["FlashAttention"].time_s
+    mean_change = summarize(cur).ops["FlashAttention"].mean_time_s / summarize(base).ops["FlashAttention"].mean_time_s
+    assert 1.0 < mean_change < 1.05
+    step = next(v for v in comparison.verdicts if v.op_type == "step")
+    assert (step.status, step.statistic) == ("regressed", "p99")
+
+
+def test_short_runs_keep_no_p99() -> None:
+    # Below JITTER_MIN_STEPS steps a p99 would be the maximum of a few samples: not kept.
+    run = summarize(simulator.run(spiky(0), steps=10))
+    assert run.step_time_p99_s is None and run.ops["FlashAttention"].p99_time_s is None
+    assert run.step_time_max_s == pytest.approx(run.step_time_s)
