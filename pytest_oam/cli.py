@@ -141,6 +141,22 @@ def build_parser() -> argparse.ArgumentParser:
                           help="run only this case (repeatable; a prefix selects all cases it starts)")
     _format_option(validate)
 
+    sweep = commands.add_parser(
+        "sweep", help="map an operator's efficiency over a grid of shapes",
+        description="Simulate an operator over a grid of shapes and print its least efficient "
+                    "shapes with the reason; --plot writes a line per dtype (one varying axis) or "
+                    "a heat map (two).")
+    sweep.add_argument("op", metavar="OP", help="MatMul (axes m, k, n) or FlashAttention (batch, heads, seq, head_dim)")
+    sweep.add_argument("--axis", action="append", default=[], required=True, metavar="AXIS=VALUES",
+                       help="an axis and its values: N, N,M,... or START:STOP:STEP (repeat for every axis)")
+    sweep.add_argument("--dtype", action="append", default=[], help="dtype (repeatable; default fp16)")
+    sweep.add_argument("--hardware", default="ascend910", help="device (default: %(default)s)")
+    sweep.add_argument("--param", action="append", default=[], type=_param, metavar="KEY=VALUE",
+                       help="an op attribute, e.g. block_size=64 or causal=true (repeatable)")
+    sweep.add_argument("--top", type=int, default=10, metavar="N", help="worst shapes listed (default: %(default)s)")
+    sweep.add_argument("--plot", type=Path, metavar="FILE.png", help="write the plot here (needs matplotlib)")
+    _format_option(sweep)
+
     commands.add_parser("models", help="list the model zoo, datasets and hardware",
                         description="List the names --model, --dataset and --hardware accept.")
     return parser
@@ -231,6 +247,26 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAILED
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    import json
+
+    from .sweep import parse_axes, plot_sweep, run_sweep, worst_table
+
+    axes = parse_axes(args.op, args.axis)
+    results = run_sweep(args.op, axes, args.dtype or ["fp16"], args.hardware, dict(args.param))
+    if args.format == "json":
+        print(json.dumps([{"shape": m.shape, "dtype": m.dtype, "time_s": m.time_s, "flop": m.flop,
+                           "efficiency_frac": m.efficiency_frac, "findings": m.findings} for m in results], indent=2))
+    else:
+        print(f"{args.op} on {results[0].hardware}: {len(results)} shapes; the {min(args.top, len(results))} "
+              "least efficient:")
+        print(worst_table(results, args.top, "github" if args.format == "markdown" else "simple"))
+    if args.plot:
+        plot_sweep(results, axes, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr if args.format == "json" else sys.stdout)
+    return EXIT_OK
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from simulator.datasets import DATASETS
     from simulator.hardware import list_hardware
@@ -258,10 +294,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("compare", None): _cmd_compare,
         ("models", None): _cmd_models,
         ("validate", None): _cmd_validate,
+        ("sweep", None): _cmd_sweep,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)
-    except (BaselineError, ThresholdError, ValueError, OSError) as exc:
+    except (BaselineError, ThresholdError, ValueError, OSError, ImportError) as exc:
         print(f"oam {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

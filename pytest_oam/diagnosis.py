@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.profile import Profile
+from simulator.hardware import HardwareSpec
+from simulator.profile import OpRecord, Profile
 
 from .baseline import OpStats
 from .compare import CounterChange, RunComparison
@@ -18,6 +19,15 @@ SEVERITY_CRITICAL_STEP_FRAC = 0.05
 SEVERITY_MAJOR_STEP_FRAC = 0.01
 #: Call sites listed per regressed op type.
 MAX_CALL_SITES = 3
+#: A last wave that keeps fewer than this share of the cores busy is an idle last wave.
+IDLE_LAST_WAVE_FRAC = 0.5
+#: A last tile along an axis filled less than this share is a nearly empty tile.
+NEARLY_EMPTY_TILE_FRAC = 0.25
+#: Padding to the Cube fractal above this share of an axis is reported.
+PADDING_WASTE_FRAC = 0.05
+#: Op types that run on the Cube unit (their blocks spread over the AI Cores).
+CUBE_OP_TYPES = ("MatMul", "BatchMatMul", "FlashAttention", "FlashAttentionGrad", "Conv2D",
+                 "Conv2DBackpropInput", "Conv2DBackpropFilter")
 
 
 @dataclass(frozen=True)
@@ -144,3 +154,69 @@ def diagnose(
         )
     findings.sort(key=lambda f: -f.delta_s)
     return findings
+
+
+# -- shape rules: why one op call runs below its shape class ----------------------------------------
+
+
+def _wave_finding(record: OpRecord, cores: int, unit: str) -> str | None:
+    blocks = record.block_dim
+    if blocks < 1:
+        return None
+    waves = -(-blocks // cores)
+    last = blocks - (waves - 1) * cores
+    if waves > 1 and last / cores < IDLE_LAST_WAVE_FRAC:
+        idle = (cores - last) / (waves * cores)
+        return (f"idle last wave: {blocks} blocks over {cores} {unit} run in {waves} waves and the last keeps "
+                f"{last} of {cores} busy, so {idle * 100:.0f}% of the kernel's core time idles; a work split "
+                f"that is a multiple of {cores} blocks avoids it")
+    if waves == 1 and last / cores < IDLE_LAST_WAVE_FRAC:
+        return f"only {blocks} blocks for {cores} {unit}: {cores - blocks} of them idle for the whole kernel"
+    return None
+
+
+def _tile_finding(axis: str, value: int, tile: int, what: str) -> str | None:
+    rem = value % tile
+    if value > tile and 0 < rem < tile * NEARLY_EMPTY_TILE_FRAC:
+        return (f"{axis} = {value} is {rem} past a multiple of {tile}, the {what}: the last {what} is "
+                f"{rem / tile * 100:.1f}% full but costs a whole one; {value - rem} or {value - rem + tile} "
+                f"would not waste it")
+    return None
+
+
+def _padding_finding(axis: str, value: int, fractal: int) -> str | None:
+    padded = -(-value // fractal) * fractal
+    if padded != value and (padded - value) / padded > PADDING_WASTE_FRAC:
+        return (f"{axis} = {value} is not a multiple of {fractal} (the Cube unit's fractal): it is padded to "
+                f"{padded}, {(padded - value) / padded * 100:.0f}% of the Cube work along it is padding")
+    return None
+
+
+def shape_findings(record: OpRecord, hw: HardwareSpec) -> list[str]:
+    """Why this call's shape runs below its shape class: idle last wave, a nearly empty last
+    tile, padding to the Cube fractal, a sequence that is not a multiple of the block size.
+
+    Pure: reads the record's shapes, ``block_dim`` and attributes, and the hardware's core
+    count and tiles. Thresholds: :data:`IDLE_LAST_WAVE_FRAC`, :data:`NEARLY_EMPTY_TILE_FRAC`,
+    :data:`PADDING_WASTE_FRAC`.
+    """
+    from simulator.costs import matmul_tile
+
+    cube = record.op_type in CUBE_OP_TYPES
+    cores = hw.ai_core.count if cube else hw.ai_core.vector_core_count
+    findings = [_wave_finding(record, cores, "AI Cores" if cube else "Vector units")]
+    fractal = hw.cube_unit.fractal_k
+    if record.op_type in ("MatMul", "BatchMatMul") and len(record.input_shapes) == 2:
+        (*_, m, k), (*_, n) = record.input_shapes[0], record.input_shapes[1]
+        m_t, n_t = matmul_tile(m, n, hw)
+        findings += [_tile_finding("M", m, m_t, "tile row"), _tile_finding("N", n, n_t, "tile column")]
+        findings += [_padding_finding(axis, v, fractal) for axis, v in (("M", m), ("K", k), ("N", n))]
+    elif record.op_type in ("FlashAttention", "FlashAttentionGrad") and record.input_shapes:
+        _, _, seq, head_dim = record.input_shapes[0]
+        block = int(record.attrs.get("block_size", 128))
+        rem = seq % block
+        if rem:
+            findings.append(f"seq = {seq} is not a multiple of block_size {block}: each query row's last K/V "
+                            f"block is {rem / block * 100:.0f}% full, and the last query block too")
+        findings.append(_padding_finding("head_dim", head_dim, fractal))
+    return [f for f in findings if f]

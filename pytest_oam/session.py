@@ -281,6 +281,35 @@ class OamProfiler:
         self.profiles.append(profile)
         return profile
 
+    # -- performance properties over shapes (pytest_oam.perf); nothing here is gated ----------
+
+    def _hardware(self, hardware: str | None) -> str:
+        return _first(hardware, self._marker.hardware, self._settings.hardware)
+
+    def measure(self, op_type: str, shape, *, hardware: str | None = None, **kwargs):
+        """:func:`pytest_oam.perf.measure` on the test's hardware; not kept for the gate."""
+        from .perf import measure
+
+        return measure(op_type, shape, hardware=self._hardware(hardware), **kwargs)
+
+    def assert_efficiency(self, op_type: str, shape, at_least: float, *, hardware: str | None = None, **kwargs):
+        """:func:`pytest_oam.perf.assert_efficiency` on the test's hardware."""
+        from .perf import assert_efficiency
+
+        return assert_efficiency(op_type, shape, at_least, hardware=self._hardware(hardware), **kwargs)
+
+    def assert_no_cliff(self, op_type: str, shape, *, hardware: str | None = None, **kwargs) -> None:
+        """:func:`pytest_oam.perf.assert_no_cliff` on the test's hardware."""
+        from .perf import assert_no_cliff
+
+        assert_no_cliff(op_type, shape, hardware=self._hardware(hardware), **kwargs)
+
+    def assert_near_best(self, op_type: str, shape, *, hardware: str | None = None, **kwargs):
+        """:func:`pytest_oam.perf.assert_near_best` on the test's hardware."""
+        from .perf import assert_near_best
+
+        return assert_near_best(op_type, shape, hardware=self._hardware(hardware), **kwargs)
+
 
 class OamSession:
     """Registered once per pytest run as a plugin; holds the gate's state."""

@@ -240,7 +240,8 @@ def _best_matmul(
     less time": a larger problem has at most the splits of a smaller one.
     """
     cu, cores = hw.cube_unit, hw.ai_core.count
-    tiles = batch * _ceil_div(m, min(_round_up(m, cu.fractal_m), MATMUL_BASE_M)) * _ceil_div(n, _n_tile(m, n, hw))
+    m_t, n_t = matmul_tile(m, n, hw)
+    tiles = batch * _ceil_div(m, m_t) * _ceil_div(n, n_t)
     max_split = max(1, min(cores // tiles, _ceil_div(k, cu.fractal_k))) if tiles < cores else 1
     return min(
         (_run_kernel(_matmul_kernel(batch, m, k, n, dtype, hw, a_hbm_bytes, b_hbm_bytes, split), hw, cores)
@@ -249,11 +250,14 @@ def _best_matmul(
     )
 
 
-def _n_tile(m: int, n: int, hw: HardwareSpec) -> int:
+def matmul_tile(m: int, n: int, hw: HardwareSpec) -> tuple[int, int]:
+    """The (rows, columns) C tile one AI Core computes for an ``m x n`` result: the base tile
+    (:data:`MATMUL_BASE_M` x :data:`MATMUL_BASE_N`), cut to the fp32 accumulators L0C holds and
+    to the result padded to the Cube fractal."""
     cu = hw.cube_unit
     m_t = min(_round_up(m, cu.fractal_m), MATMUL_BASE_M)
     n_cap = hw.memory.l0c_bytes_per_core // (m_t * ACCUMULATOR_BYTES)
-    return min(_round_up(n, cu.fractal_n), MATMUL_BASE_N, n_cap // cu.fractal_n * cu.fractal_n)
+    return m_t, min(_round_up(n, cu.fractal_n), MATMUL_BASE_N, n_cap // cu.fractal_n * cu.fractal_n)
 
 
 def _matmul_kernel(
@@ -268,8 +272,7 @@ def _matmul_kernel(
     """
     elt = DTYPE_BYTES[dtype]
     cu = hw.cube_unit
-    m_t = min(_round_up(m, cu.fractal_m), MATMUL_BASE_M)
-    n_t = _n_tile(m, n, hw)
+    m_t, n_t = matmul_tile(m, n, hw)
     m_blocks, n_blocks = _ceil_div(m, m_t), _ceil_div(n, n_t)
     cores = hw.ai_core.count
     k_split = _ceil_div(k, split_k)

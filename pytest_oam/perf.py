@@ -1,0 +1,211 @@
+"""Performance properties of single operators over their input shapes.
+
+One line each in an ordinary Hypothesis test (the ``oam_profile`` fixture has the same three
+methods)::
+
+    @given(shape=strategies.matmul_shapes())
+    def test_no_cliff(shape):
+        assert_no_cliff("MatMul", shape, axis="n")
+
+Each helper simulates the op alone on one card, calls ``hypothesis.target()`` (when run inside
+a Hypothesis test) so the search climbs towards the worst case instead of stumbling on it, and
+on failure raises :class:`PropertyFailure` whose message shows the shape, its neighbours'
+numbers and the shape findings (idle last wave, misaligned axis, ...) that explain it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from simulator.profile import OpRecord
+
+from .diagnosis import shape_findings
+
+#: Per op type: the names of the shape's axes, in order.
+OP_AXES: dict[str, tuple[str, ...]] = {
+    "MatMul": ("m", "k", "n"),
+    "FlashAttention": ("batch", "heads", "seq", "head_dim"),
+}
+
+
+class PropertyFailure(AssertionError):
+    """A performance property does not hold; the message explains the shape."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One simulated op. Times in seconds; ``efficiency_frac`` = FLOP/s over the Cube peak."""
+
+    op_type: str
+    shape: dict[str, int]
+    dtype: str
+    hardware: str
+    time_s: float
+    flop: float
+    peak_flop_per_s: float
+    record: OpRecord = field(repr=False)
+    findings: list[str] = field(default_factory=list)
+
+    @property
+    def efficiency_frac(self) -> float:
+        return self.flop / self.time_s / self.peak_flop_per_s
+
+    def describe(self) -> str:
+        dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
+        return (f"{self.op_type}({dims}, {self.dtype}) on {self.hardware}: {self.time_s * 1e6:,.1f} us, "
+                f"{self.flop / 1e9:,.3f} GFLOP, {self.efficiency_frac * 100:.1f}% of peak")
+
+
+def _shape_dict(op_type: str, shape: Mapping[str, int] | Sequence[int]) -> dict[str, int]:
+    if op_type not in OP_AXES:
+        raise ValueError(f"no shape properties for op type {op_type!r}; known: {', '.join(OP_AXES)}")
+    axes = OP_AXES[op_type]
+    if hasattr(shape, "_asdict"):  # the named tuples of pytest_oam.strategies
+        shape = shape._asdict()
+    if isinstance(shape, Mapping):
+        values = dict(shape)
+        if set(values) != set(axes):
+            raise ValueError(f"{op_type} shape needs the axes {', '.join(axes)}; got {', '.join(values)}")
+        return {a: values[a] for a in axes}
+    values = tuple(shape)
+    if len(values) != len(axes):
+        raise ValueError(f"{op_type} shape needs {len(axes)} values ({', '.join(axes)}); got {list(values)}")
+    return dict(zip(axes, values, strict=True))
+
+
+def _workload(op_type: str, shape: dict[str, int], dtype: str, attrs: dict) -> Callable:
+    if op_type == "MatMul":
+        def matmul(npu):
+            npu.matmul(npu.tensor((shape["m"], shape["k"]), dtype), npu.tensor((shape["k"], shape["n"]), dtype))
+
+        return matmul
+
+    def attention(npu):
+        q = npu.tensor((shape["batch"], shape["heads"], shape["seq"], shape["head_dim"]), dtype)
+        npu.flash_attention(q, q, q, **attrs)
+
+    return attention
+
+
+def measure(op_type: str, shape: Mapping[str, int] | Sequence[int], *, dtype: str = "fp16",
+            hardware: str = "ascend910", **attrs) -> Measurement:
+    """Simulate ``op_type`` alone at ``shape`` (see :data:`OP_AXES`) on one card.
+
+    ``attrs`` go to the op (``block_size=...``, ``causal=True`` for FlashAttention).
+
+    Raises:
+        ValueError: unknown op type or hardware, or a shape with the wrong axes.
+        simulator.ShapeError: a shape the op refuses.
+    """
+    import simulator
+    from simulator.hardware import load_hardware
+
+    dims = _shape_dict(op_type, shape)
+    hw = load_hardware(hardware)
+    profile = simulator.run(_workload(op_type, dims, dtype, attrs), hardware=hw)
+    (record,) = profile.ops_of(op_type)
+    return Measurement(op_type, dims, dtype, hw.name, record.duration_s, record.flop,
+                       hw.peak_cube_flop_per_s(dtype), record, shape_findings(record, hw))
+
+
+def _target(value: float, label: str) -> None:
+    """``hypothesis.target`` inside a Hypothesis test; nothing outside one."""
+    from hypothesis import target
+    from hypothesis.errors import InvalidArgument
+
+    try:
+        target(value, label=label)
+    except InvalidArgument:  # not inside a Hypothesis test case
+        pass
+
+
+def _neighbours(m: Measurement, attrs: dict) -> list[Measurement]:
+    out = []
+    for axis, value in m.shape.items():
+        for delta in (-1, 1):
+            if value + delta < 1:
+                continue
+            try:
+                out.append(measure(m.op_type, {**m.shape, axis: value + delta}, dtype=m.dtype,
+                                   hardware=m.hardware, **attrs))
+            except ValueError:
+                continue
+    return out
+
+
+def _explain(headline: str, focus: Measurement, others: list[Measurement]) -> str:
+    lines = [headline, f"  shape:      {focus.describe()}"]
+    lines += [f"  neighbour:  {n.describe()}" for n in others]
+    lines += [f"  finding:    {f}" for f in focus.findings] or ["  finding:    none of the shape rules fired"]
+    return "\n".join(lines)
+
+
+def assert_efficiency(op_type: str, shape, at_least: float, *, dtype: str = "fp16", hardware: str = "ascend910",
+                      **attrs) -> Measurement:
+    """The op reaches at least ``at_least`` of the Cube unit's peak at ``shape``.
+
+    Raises:
+        PropertyFailure: below the bound (with the shape's neighbours and findings).
+        ValueError: ``at_least`` outside (0, 1].
+    """
+    if not 0 < at_least <= 1:
+        raise ValueError(f"at_least must be a fraction in (0, 1], got {at_least!r}")
+    m = measure(op_type, shape, dtype=dtype, hardware=hardware, **attrs)
+    _target(-m.efficiency_frac, f"{op_type} shortfall below peak")
+    if m.efficiency_frac < at_least:
+        raise PropertyFailure(_explain(
+            f"{op_type} reaches {m.efficiency_frac * 100:.1f}% of peak, below the required {at_least * 100:.0f}%",
+            m, _neighbours(m, attrs)))
+    return m
+
+
+def assert_no_cliff(op_type: str, shape, *, axis: str | None = None, step: int = 1, slack_frac: float = 0.10,
+                    dtype: str = "fp16", hardware: str = "ascend910", **attrs) -> None:
+    """Growing ``axis`` (every axis if ``None``) by ``step`` costs no more time than FLOP, within
+    ``slack_frac``: ``t(shape + step) / t(shape) <= (1 + slack) * flop(shape + step) / flop(shape)``.
+
+    Raises:
+        PropertyFailure: a cliff (with both shapes' numbers and the findings of the larger one).
+        ValueError: unknown axis, ``step`` < 1 or a negative ``slack_frac``.
+    """
+    if step < 1 or slack_frac < 0:
+        raise ValueError(f"step must be >= 1 and slack_frac >= 0, got step={step!r}, slack_frac={slack_frac!r}")
+    base = measure(op_type, shape, dtype=dtype, hardware=hardware, **attrs)
+    axes = list(base.shape) if axis is None else [axis]
+    for name in axes:
+        if name not in base.shape:
+            raise ValueError(f"{op_type} has no axis {name!r}; axes: {', '.join(base.shape)}")
+        bigger = measure(op_type, {**base.shape, name: base.shape[name] + step}, dtype=dtype, hardware=hardware,
+                         **attrs)
+        growth = (bigger.time_s / base.time_s) / (bigger.flop / base.flop)
+        _target(growth, f"{op_type} time growth over FLOP growth along {name}")
+        if growth > 1 + slack_frac:
+            raise PropertyFailure(_explain(
+                f"cliff along {name}: {name} {base.shape[name]} -> {base.shape[name] + step} adds "
+                f"{(bigger.flop / base.flop - 1) * 100:.1f}% FLOP but {(bigger.time_s / base.time_s - 1) * 100:.1f}% "
+                f"time (limit {slack_frac * 100:.0f}% more than FLOP)", bigger, [base]))
+
+
+def assert_near_best(op_type: str, shape, *, within_frac: float = 0.20, align: int = 128, dtype: str = "fp16",
+                     hardware: str = "ascend910", **attrs) -> Measurement:
+    """The op's efficiency at ``shape`` is within ``within_frac`` of the best of its shape class:
+    the shapes with every axis rounded down or up to a multiple of ``align`` (axes smaller than
+    ``align`` stay as they are).
+
+    Raises:
+        PropertyFailure: more than ``within_frac`` below the best aligned shape.
+    """
+    m = measure(op_type, shape, dtype=dtype, hardware=hardware, **attrs)
+    candidates = []
+    for rounding in (lambda v: v // align * align, lambda v: -(-v // align) * align):
+        aligned = {a: (rounding(v) if v >= align else v) for a, v in m.shape.items()}
+        candidates.append(measure(op_type, aligned, dtype=dtype, hardware=hardware, **attrs))
+    best = max(candidates, key=lambda c: c.efficiency_frac)
+    ratio = m.efficiency_frac / best.efficiency_frac
+    _target(-ratio, f"{op_type} efficiency against its aligned shape class")
+    if ratio < 1 - within_frac:
+        raise PropertyFailure(_explain(
+            f"{op_type} runs at {ratio * 100:.0f}% of the efficiency of its best aligned shape "
+            f"(limit {(1 - within_frac) * 100:.0f}%)", m, candidates))
+    return m
