@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 from pytest_oam import strategies
 from pytest_oam.cli import main
-from pytest_oam.perf import PropertyFailure, assert_efficiency, assert_near_best, assert_no_cliff, measure
+from pytest_oam.perf import (
+    PropertyFailure,
+    assert_efficiency,
+    assert_near_best,
+    assert_no_cliff,
+    measure,
+)
 from pytest_oam.sweep import parse_axes, parse_axis_values
 
 
