@@ -18,7 +18,7 @@ import gzip
 import json
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from simulator.profile import Profile
 
-from .baseline import BaselineFile, RunBaseline, load_baseline, save_baseline
+from .baseline import BaselineFile, CollectionSettings, RunBaseline, load_baseline, save_baseline
 from .compare import RunComparison, compare_run, summarize
 from .diagnosis import Finding, diagnose
 from .fileio import atomic_write_bytes, atomic_write_text
@@ -53,37 +53,100 @@ def known_models() -> list[str]:
     return sorted(_model_zoo())
 
 
+#: Parameters of the zoo's training steps: type and meaning. ``seq_len`` comes from the
+#: dataset (or ``seq_len`` with no dataset); the layout from ``tensor_parallel``.
+MODEL_PARAMETERS: dict[str, tuple[type, str]] = {
+    "batch_size": (int, "micro-batch per data-parallel replica (default 1)"),
+    "tensor_parallel": (int, ("Megatron tensor-parallel size; data parallelism takes the other cards "
+                             "(default: one HCCS group, as far as the heads allow)")),
+    "dtype": (str, "compute dtype: fp16, or bf16 on the 910B (default fp16)"),
+    "block_size": (int, "FlashAttention block, a multiple of 16 (default 128)"),
+    "pipeline_stages": (int, ("FlashAttention buffers in flight, i.e. DMA/compute overlap inside the "
+                             "kernel; not pipeline parallelism (default 2)")),
+    "fusion": (bool, "fused FlashAttention kernel (default true)"),
+}
+
+
 def model_parameters(model: str) -> list[str]:
-    """The keyword parameters a zoo model's step takes (``seq_len`` comes from the dataset)."""
-    import inspect
-
-    step, _ = _model_zoo()[model]
-    return sorted(
-        name for name, p in inspect.signature(step).parameters.items()
-        if p.kind is p.KEYWORD_ONLY and name not in ("seq_len", "layout")
-    )
+    """The keyword parameters a zoo model takes (see :data:`MODEL_PARAMETERS`)."""
+    _model_zoo()[model]  # KeyError for an unknown model
+    return sorted(MODEL_PARAMETERS)
 
 
-_HARDWARE_FORM = re.compile(r"^(?P<name>[a-z0-9]+?)(?:x(?P<count>\d+))?$")
+def _check_int(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _check_params(model: str, params: dict[str, object], hardware: str, devices: int) -> dict[str, object]:
+    """Type-check ``params`` against :data:`MODEL_PARAMETERS` and turn ``tensor_parallel`` into
+    the step's layout.
+
+    Raises:
+        ValueError: an unknown parameter, a value of the wrong type, an unknown dtype for the
+            hardware, or a tensor-parallel size that does not divide the cards.
+    """
+    from simulator.hardware import load_hardware
+    from simulator.models import ParallelLayout
+
+    unknown = sorted(set(params) - set(MODEL_PARAMETERS))
+    if unknown:
+        hint = ""
+        if "seq_len" in unknown:
+            hint = " (seq_len comes from the dataset; give seq_len with dataset=None)"
+        raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))} for model {model!r}{hint}; "
+                         f"known: {', '.join(sorted(MODEL_PARAMETERS))}")
+    kwargs: dict[str, object] = {}
+    for name, value in params.items():
+        kind, _ = MODEL_PARAMETERS[name]
+        if kind is bool and not isinstance(value, bool):
+            raise ValueError(f"parameter {name} must be true or false, got {value!r}")
+        if kind is int:
+            _check_int(f"parameter {name}", value, 1)
+        if kind is str and not isinstance(value, str):
+            raise ValueError(f"parameter {name} must be a string, got {value!r}")
+        kwargs[name] = value
+    if "dtype" in kwargs:
+        rates = load_hardware(hardware).cube_unit.macs_per_cycle_per_core
+        if kwargs["dtype"] not in rates:
+            raise ValueError(f"parameter dtype {kwargs['dtype']!r} has no Cube rate on {hardware}; "
+                             f"known: {', '.join(sorted(rates))}")
+    tp = kwargs.pop("tensor_parallel", None)
+    if tp is not None:
+        if devices % tp:
+            raise ValueError(f"parameter tensor_parallel={tp} does not divide the {devices} cards")
+        kwargs["layout"] = ParallelLayout(tensor_parallel=tp, data_parallel=devices // tp)
+    return kwargs
+
+
+_HARDWARE_FORM = re.compile(r"^(?P<name>[a-z0-9]+?)(?:x(?P<count>[+-]?\d+))?$")
 
 
 def parse_hardware(text: str) -> tuple[str, int]:
     """``"Ascend 910 x 8"`` -> ``("ascend910", 8)``; ``"ascend910b"`` -> ``("ascend910b", 1)``.
 
     Raises:
-        ValueError: not a known device, or a count below 1 (the message lists the choices).
+        ValueError: not a known device, or a card count below 1 (the message lists the choices).
     """
     from simulator.hardware import list_hardware
 
     known = list_hardware()
-    compact = re.sub(r"[\s_*-]+", "", str(text).lower().replace("×", "x"))
+    compact = re.sub(r"[\s_*]+", "", str(text).lower().replace("×", "x"))
+    compact = compact.replace("-", "") if not re.search(r"x-\d+$", compact) else compact
     match = _HARDWARE_FORM.match(compact)
     name = match.group("name") if match else ""
-    count = int(match.group("count")) if match and match.group("count") else 1
-    if name not in known or count < 1:
-        choices = ", ".join([*known, "'Ascend 910 x 8'", "'Ascend 910B x 8'"])
-        raise ValueError(f"unknown hardware {text!r}; known: {choices}")
+    if name not in known:
+        raise ValueError(f"unknown hardware {text!r}; known: {', '.join(known)}, each optionally with "
+                         "a card count, e.g. 'Ascend 910 x 8' or 'ascend910b x 16'")
+    count = int(match.group("count")) if match.group("count") else 1
+    if count < 1:
+        raise ValueError(f"hardware {text!r}: the card count must be at least 1, got {count}")
     return name, count
+
+
+def _dataset_name(dataset: str | None) -> str | None:
+    return None if dataset is None or str(dataset).lower() == "none" else dataset
 
 
 class _DatasetSteps:
@@ -106,53 +169,65 @@ def collect_profile(
     steps: int = DEFAULT_STEPS,
     seed: int = 0,
     max_seq_len: int = 4096,
+    seq_len: int | None = None,
     focus: str | None = None,
-    context_ops: int = 5,
+    context_ops: int | None = None,
+    params: Mapping[str, object] | None = None,
     **model_kwargs,
 ) -> Profile:
     """Simulate ``steps`` steps of ``model`` and return the profile.
 
-    ``model`` is a model zoo name (:func:`known_models`) or a workload ``fn(npu, **kwargs)``.
-    With a ``dataset``, each step of a zoo model draws its sequence length (cut to
-    ``max_seq_len``) from that corpus's distribution with ``seed``.
+    ``model`` is a model zoo name (:func:`known_models`, parameters in
+    :data:`MODEL_PARAMETERS`) or a workload ``fn(npu, **kwargs)``. With a ``dataset``, each
+    step of a zoo model draws its sequence length (cut to ``max_seq_len``, a multiple of 128)
+    from that corpus's distribution with ``seed``; with ``dataset=None`` (or ``"none"``) every
+    step has ``seq_len`` tokens (default 2048). Model parameters come as keywords
+    (``block_size=64``) or as a ``params`` mapping.
 
     With ``focus`` (an op type or glob, e.g. ``"FlashAttention"``), only the matching ops and
-    the ``context_ops`` ops before and after each of them keep full records; the rest are
-    summarised per step and op type (:meth:`Profile.focused`), which keeps long runs small
-    and leaves every op type's time, and so the comparison, unchanged.
+    the ``context_ops`` (default 5) ops before and after each of them keep full records; the
+    rest are summarised per step and op type (:meth:`Profile.focused`), which keeps long runs
+    small and leaves every op type's time, and so the comparison, unchanged.
 
     Raises:
-        ValueError: unknown model, dataset or hardware (naming the value and the choices), a
-            ``focus`` no op type matches, or a negative ``context_ops``.
+        ValueError: unknown model, dataset, hardware or parameter (naming the value and the
+            choices), a value of the wrong type, ``seq_len`` together with a dataset,
+            ``context_ops`` without ``focus``, a ``focus`` no op type matches.
     """
-    if focus is not None and (not isinstance(context_ops, int) or context_ops < 0):
-        raise ValueError(f"context_ops must be a non-negative integer, got {context_ops!r}")
-    profile = _collect(model, dataset, hardware, steps, seed, max_seq_len, model_kwargs)
-    return profile if focus is None else profile.focused(focus, context_ops)
+    if context_ops is not None and focus is None:
+        raise ValueError("context_ops applies only with focus=OP")
+    context = 5 if context_ops is None else context_ops
+    if focus is not None:
+        _check_int("context_ops", context, 0)
+    profile = _collect(model, dataset, hardware, steps, seed, max_seq_len, seq_len, {**(params or {}), **model_kwargs})
+    return profile if focus is None else profile.focused(focus, context)
 
 
-def _collect(model, dataset, hardware, steps, seed, max_seq_len, model_kwargs) -> Profile:
+def _collect(model, dataset, hardware, steps, seed, max_seq_len, seq_len, model_kwargs) -> Profile:
     from simulator import run
     from simulator.datasets import load_dataset
 
     name, devices = parse_hardware(hardware)
+    _check_int("steps", steps, 1)
     if callable(model):
         return run(model, steps=steps, hardware=name, devices=devices, **model_kwargs)
     zoo = _model_zoo()
     if model not in zoo:
         raise ValueError(f"unknown model {model!r}; known: {', '.join(sorted(zoo))}, or a workload function")
     step, config = zoo[model]
-    allowed = model_parameters(model)
-    unknown = sorted(set(model_kwargs) - set(allowed) - {"seq_len"})
-    if unknown:
-        raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))} for model {model!r}; "
-                         f"known: {', '.join(allowed)}")
-    fixed_seq_len = model_kwargs.pop("seq_len", DEFAULT_SEQ_LEN)
+    kwargs = _check_params(model, model_kwargs, name, devices)
+    dataset = _dataset_name(dataset)
     if dataset is None:
-        lengths = [fixed_seq_len]
+        lengths = [_check_int("seq_len", DEFAULT_SEQ_LEN if seq_len is None else seq_len, 1)]
     else:
+        if seq_len is not None:
+            raise ValueError(f"seq_len applies only without a dataset; {dataset} draws each step's length "
+                             "(use max_seq_len to cut it, or dataset=None)")
+        _check_int("seed", seed, 0)
+        if _check_int("max_seq_len", max_seq_len, 1) % 128:
+            raise ValueError(f"max_seq_len must be a positive multiple of 128, got {max_seq_len}")
         lengths = load_dataset(dataset).sample(steps, max_seq_len, seed=seed)
-    workload = _DatasetSteps(step, config, lengths, model_kwargs)
+    workload = _DatasetSteps(step, config, lengths, kwargs)
     return run(workload, steps=steps, hardware=name, devices=devices)
 
 
@@ -160,7 +235,9 @@ def _collect(model, dataset, hardware, steps, seed, max_seq_len, model_kwargs) -
 class ProfileBaseline:
     """A baseline for the Python API: what to collect, and (after :meth:`collect`) the result.
 
-    Files written by :meth:`save` are plugin baseline files (``nodeid`` ``api:<model>``).
+    Files written by :meth:`save` are plugin baseline files (``nodeid`` ``api:<model>``) that
+    also record how they were collected (``collection``), so :meth:`load` then
+    :meth:`collect` simulates the same workload again.
     """
 
     model: str
@@ -170,7 +247,7 @@ class ProfileBaseline:
     steps: int = DEFAULT_STEPS
     seed: int = 0
     max_seq_len: int = 4096
-    seq_len: int = DEFAULT_SEQ_LEN
+    seq_len: int | None = None
     params: dict[str, object] = field(default_factory=dict)
     file: BaselineFile | None = None
     profile: Profile | None = field(default=None, repr=False)
@@ -178,27 +255,32 @@ class ProfileBaseline:
     @classmethod
     def create(cls, model: str, dataset: str | None = "wikitext-103", hardware: str = DEFAULT_HARDWARE,
                tag: str | None = None, steps: int = DEFAULT_STEPS, seed: int = 0, max_seq_len: int = 4096,
-               seq_len: int = DEFAULT_SEQ_LEN, params: dict[str, object] | None = None) -> ProfileBaseline:
-        """Describe a baseline; checks every name now.
+               seq_len: int | None = None, params: dict[str, object] | None = None) -> ProfileBaseline:
+        """Describe a baseline; checks every setting now (see :func:`collect_profile`).
 
-        ``seq_len`` is the length of every step when ``dataset`` is ``None``; with a dataset,
-        each step draws its length (at most ``max_seq_len``) with ``seed``. ``params`` go to
-        the model's step (:func:`model_parameters` lists them, e.g. ``block_size``).
+        ``params`` go to the model's step (:data:`MODEL_PARAMETERS`, e.g. ``block_size``).
 
         Raises:
-            ValueError: unknown model, dataset or hardware.
+            ValueError: unknown model, dataset, hardware or parameter, or a bad setting.
         """
         from simulator.datasets import load_dataset
 
-        if model not in _model_zoo():
-            raise ValueError(f"unknown model {model!r}; known: {', '.join(known_models())}")
-        unknown = sorted(set(params or {}) - set(model_parameters(model)))
-        if unknown:
-            raise ValueError(f"unknown parameter {', '.join(map(repr, unknown))} for model {model!r}; "
-                             f"known: {', '.join(model_parameters(model))}")
-        if dataset is not None:
+        if not isinstance(model, str) or model not in _model_zoo():
+            raise ValueError(f"unknown model {model!r}; known: {', '.join(known_models())} "
+                             "(a workload function goes to collect_profile)")
+        name, devices = parse_hardware(hardware)
+        _check_params(model, dict(params or {}), name, devices)
+        _check_int("steps", steps, 1)
+        dataset = _dataset_name(dataset)
+        if dataset is None:
+            _check_int("seq_len", DEFAULT_SEQ_LEN if seq_len is None else seq_len, 1)
+        else:
             load_dataset(dataset)
-        parse_hardware(hardware)
+            if seq_len is not None:
+                raise ValueError(f"seq_len applies only without a dataset; {dataset} draws each step's length")
+            _check_int("seed", seed, 0)
+            if _check_int("max_seq_len", max_seq_len, 1) % 128:
+                raise ValueError(f"max_seq_len must be a positive multiple of 128, got {max_seq_len}")
         return cls(model=model, dataset=dataset, hardware=hardware, tag=tag, steps=steps, seed=seed,
                    max_seq_len=max_seq_len, seq_len=seq_len, params=dict(params or {}))
 
@@ -207,8 +289,12 @@ class ProfileBaseline:
         self.profile = collect_profile(self.model, self.dataset, hardware=self.hardware, steps=self.steps,
                                        seed=self.seed, max_seq_len=self.max_seq_len, seq_len=self.seq_len,
                                        **self.params)
+        collection = CollectionSettings(
+            hardware=self.hardware, steps=self.steps, seed=self.seed if self.dataset else None,
+            max_seq_len=self.max_seq_len if self.dataset else None,
+            seq_len=None if self.dataset else (self.seq_len or DEFAULT_SEQ_LEN), params=dict(self.params))
         self.file = BaselineFile(nodeid=f"api:{self.model}", runs=[summarize(self.profile)],
-                                 model=self.model, dataset=self.dataset, tag=self.tag)
+                                 model=self.model, dataset=self.dataset, tag=self.tag, collection=collection)
         return self.profile
 
     @property
@@ -218,14 +304,17 @@ class ProfileBaseline:
         return self.file.runs[0]
 
     def save(self, path: str | Path) -> None:
-        """Write the baseline file atomically.
+        """Write the baseline file atomically (plain JSON; a ``.gz`` name is refused).
 
         Raises:
-            ValueError: nothing collected yet.
+            ValueError: nothing collected yet, or a ``.gz`` path.
         """
         if self.file is None:
             raise ValueError("nothing to save: call collect() first")
-        save_baseline(Path(path), self.file)
+        path = Path(path)
+        if path.suffix == ".gz":
+            raise ValueError(f"{path}: baseline files are plain JSON (reviewable in a diff); use a .json name")
+        save_baseline(path, self.file)
 
     @classmethod
     def load(cls, path: str | Path) -> ProfileBaseline:
@@ -236,9 +325,13 @@ class ProfileBaseline:
         """
         file = load_baseline(Path(path))
         run = file.runs[0]
-        hardware = f"{run.hardware} x {run.devices}"
-        return cls(model=file.model or file.nodeid, dataset=file.dataset, hardware=hardware, tag=file.tag,
-                   steps=run.steps, file=file)
+        c = file.collection
+        if c is None:
+            return cls(model=file.model or file.nodeid, dataset=file.dataset, hardware=f"{run.hardware} x {run.devices}",
+                       tag=file.tag, steps=run.steps, file=file)
+        return cls(model=file.model or file.nodeid, dataset=file.dataset, hardware=c.hardware, tag=file.tag,
+                   steps=c.steps, seed=c.seed or 0, max_seq_len=c.max_seq_len or 4096, seq_len=c.seq_len,
+                   params=dict(c.params), file=file)
 
 
 @dataclass(frozen=True)
@@ -259,6 +352,9 @@ class ComparisonReport:
     status: str
     comparison: RunComparison
     findings: list[Finding]
+    baseline_run: RunBaseline | None = None
+    current_run: RunBaseline | None = None
+    limits: dict[str, float] = field(default_factory=dict)
 
     @property
     def has_regression(self) -> bool:
@@ -283,7 +379,11 @@ class ComparisonReport:
 
     def to_json(self) -> str:
         data = {
+            "schema_version": 1,
             "status": self.status,
+            "hardware": None if self.current_run is None else self.current_run.hardware,
+            "devices": None if self.current_run is None else self.current_run.devices,
+            "limits": self.limits,
             "verdicts": [vars(v) for v in self.comparison.verdicts],
             "reasons": self.comparison.reasons,
             "findings": [
@@ -304,37 +404,55 @@ class ComparisonReport:
         return "\n".join(lines) + "\n"
 
 
-def _as_run(value: ProfileBaseline | BaselineFile | Profile, role: str) -> tuple[RunBaseline, Profile | None]:
+def _as_run(value: ProfileBaseline | BaselineFile | Profile, role: str,
+            fingerprint: str | None = None) -> tuple[RunBaseline, Profile | None]:
     if isinstance(value, ProfileBaseline):
-        return value.run, value.profile
-    if isinstance(value, BaselineFile):
-        return value.runs[0], None
+        if value.file is None:
+            raise ValueError(f"the {role} holds no data: call collect() or load() first")
+        value = value.file if value.profile is None else value.profile
     if isinstance(value, Profile):
         return summarize(value), value
-    raise TypeError(f"the {role} must be a ProfileBaseline, a BaselineFile or a Profile, not {type(value).__name__}")
+    if not isinstance(value, BaselineFile):
+        raise TypeError(f"the {role} must be a ProfileBaseline, a BaselineFile or a Profile, not {type(value).__name__}")
+    if len(value.runs) == 1:
+        return value.runs[0], None
+    matching = [r for r in value.runs if r.workload_fingerprint == fingerprint]
+    if len(matching) != 1:
+        raise ValueError(
+            f"the {role} ({value.nodeid}) holds {len(value.runs)} profiled runs and "
+            f"{'none' if not matching else len(matching)} of them has the current workload's fingerprint "
+            f"{fingerprint}; compare_profiles compares one run: compare with the plugin, or pass that run's file"
+        )
+    return matching[0], None
 
 
 def compare_profiles(
     baseline: ProfileBaseline | BaselineFile | Profile,
     current: Profile | ProfileBaseline | BaselineFile,
     regression_threshold: float | str = 0.10,
+    thresholds: Mapping[str, float | str] | None = None,
 ) -> ComparisonReport:
     """Compare ``current`` with ``baseline`` with the plugin's comparison and diagnosis.
 
     ``regression_threshold`` is the default limit (``0.05`` or ``"5%"``); FlashAttention keeps
-    the plugin's stricter limit (2%, or the threshold if that is lower). A baseline file taken
-    as ``current`` compares the same way, but its findings cannot name call sites.
+    the plugin's stricter limit (2%, or the threshold if that is lower); ``thresholds`` sets
+    per-op limits (``{"MatMul": "5%", "FlashAttention*": 0.01}``) over both. A baseline file
+    taken as ``current`` compares the same way, but its findings cannot name call sites. A
+    baseline file with several runs (a plugin test that profiled more than once) is compared
+    on its run with the current workload's fingerprint.
 
     Raises:
         ThresholdError: a negative, non-finite or malformed threshold.
-        ValueError: the baseline holds no data, or was made on other hardware or device count.
+        ValueError: the baseline holds no data, was made on other hardware or device count, or
+            has several runs and none (or more than one) matches the current workload.
         TypeError: an argument of another type.
     """
     limit = parse_limit(regression_threshold)
     flash = min(DEFAULT_THRESHOLDS["FlashAttention*"], limit)
-    resolver = LimitResolver.build(cli={"FlashAttention*": flash, "*": limit})
-    base_run, _ = _as_run(baseline, "baseline")
+    per_op = {op: parse_limit(value) for op, value in (thresholds or {}).items()}
+    resolver = LimitResolver.build(cli={"FlashAttention*": flash, "*": limit, **per_op})
     current_run, current_profile = _as_run(current, "current profile")
+    base_run, _ = _as_run(baseline, "baseline", current_run.workload_fingerprint)
     if (base_run.hardware, base_run.devices) != (current_run.hardware, current_run.devices):
         raise ValueError(
             f"the baseline was made on {base_run.hardware} x {base_run.devices}, the current profile on "
@@ -342,8 +460,8 @@ def compare_profiles(
         )
     comparison = compare_run(0, base_run, current_run, resolver)
     findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops)
-    return ComparisonReport(comparison.status, comparison, findings)
-
+    return ComparisonReport(comparison.status, comparison, findings, base_run, current_run,
+                            {"default": limit, "FlashAttention*": flash, **per_op})
 
 # -- profile files --------------------------------------------------------------------------
 

@@ -67,7 +67,19 @@ class RunBaseline(BaseModel):
     )
     step_time_max_s: PositiveFloat | None = Field(default=None, description="Slowest step")
     tokens_per_step: int | None = Field(default=None, ge=1)
-    ops: dict[OpType, OpStats]
+    ops: dict[OpType, OpStats] = Field(min_length=1)
+
+
+class CollectionSettings(BaseModel):
+    """How a Python API / ``oam`` baseline was collected, so that it can be collected again."""
+
+    model_config = _CONFIG
+    hardware: str = Field(description="As given, e.g. 'Ascend 910 x 8'")
+    steps: int = Field(ge=1)
+    seed: int | None = Field(default=None, ge=0, description="Seed of the dataset draws")
+    max_seq_len: int | None = Field(default=None, ge=1)
+    seq_len: int | None = Field(default=None, ge=1, description="Fixed length of every step (no dataset)")
+    params: dict[OpType, bool | int | float | str] = Field(default_factory=dict)
 
 
 class BaselineFile(BaseModel):
@@ -80,6 +92,7 @@ class BaselineFile(BaseModel):
     model: str | None = Field(default=None, description="Model zoo name (Python API baselines)")
     dataset: str | None = Field(default=None, description="Sequence-length distribution (Python API baselines)")
     tag: str | None = Field(default=None, description="Free-form label, e.g. the version measured")
+    collection: CollectionSettings | None = Field(default=None, description="Python API / oam baselines")
 
 
 class BaselineError(Exception):

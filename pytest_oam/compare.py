@@ -28,6 +28,9 @@ STATUS_ORDER = (
     "pass",
     "not-gated",
 )
+#: Relative changes below this are floating-point noise (sums taken in another order), never
+#: a regression or an improvement, even under a 0% limit.
+FLOAT_NOISE_FRAC = 1e-9
 #: Runs shorter than this have no p99: with fewer steps it is just the maximum, one sample.
 JITTER_MIN_STEPS = 50
 #: The percentile a jitter baseline keeps and compares.
@@ -194,10 +197,10 @@ def _verdict(
     if base[2] is not None and cur[2] is not None:
         checks.append(("p99", base[2], cur[2]))
     for statistic, b, c in checks:
-        if c > b * (1.0 + limit.frac):
+        if c > b * (1.0 + limit.frac) and c - b > FLOAT_NOISE_FRAC * b:
             return Verdict(op_type, b, c, c / b - 1.0, limit.frac, limit.source, "regressed", statistic)
     b, c = base[0], cur[0]
-    status = "improved" if c < b * (1.0 - limit.frac) else "pass"
+    status = "improved" if c < b * (1.0 - limit.frac) and b - c > FLOAT_NOISE_FRAC * b else "pass"
     return Verdict(op_type, b, c, c / b - 1.0, limit.frac, limit.source, status)
 
 
@@ -209,7 +212,7 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
 
     verdicts = [
         _verdict(op_type, stats(baseline, op_type), stats(current, op_type), resolver)
-        for op_type in list(baseline.ops) + [o for o in current.ops if o not in baseline.ops]
+        for op_type in sorted(set(baseline.ops) | set(current.ops))
     ]
     verdicts.append(_verdict(STEP_ROW, (baseline.step_time_s, baseline.step_time_mean_s, baseline.step_time_p99_s),
                              (current.step_time_s, current.step_time_mean_s, current.step_time_p99_s), resolver))

@@ -148,7 +148,8 @@ def diagnose(
                 counters=[],
                 call_sites=_call_sites(profile, v.op_type),
                 advice=[(f"{v.op_type} is new: the baseline has no such op type; remove the call if it "
-                         "was not intended, or accept it with --oam-save-baseline")],
+                         "was not intended, or accept it by saving a new baseline (--oam-save-baseline, or "
+                         "oam baseline create)")],
                 kind="new",
             )
         )

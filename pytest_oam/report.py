@@ -49,7 +49,7 @@ class FindingReport(BaseModel):
     delta_s: float
     step_share_frac: float
     counters: dict[str, tuple[float, float]] = Field(description="name -> (baseline, current)")
-    call_sites: list[tuple[str, float]] = Field(description="(file:line, seconds per step)")
+    call_sites: list[tuple[str, float]] = Field(description="(file:line, seconds in the first step)")
     advice: list[str]
 
 
@@ -160,7 +160,7 @@ def findings_text(findings: list[Finding]) -> str:
         else:
             lines.append("    counters moved: none (same work, same traffic)")
         for site, seconds in f.call_sites:
-            lines.append(f"    where: {site} ({fmt_time(seconds)} per step)")
+            lines.append(f"    where: {site} ({fmt_time(seconds)} in the first step)")
         for tip in f.advice:
             lines.append(f"    what to do: {tip}")
     return "\n".join(lines)
@@ -234,8 +234,8 @@ def findings_markdown(findings: Sequence[Finding | FindingReport]) -> list[str]:
     """One Markdown list item per finding, its advice nested under it."""
     lines = []
     for f in findings:
-        where = "; ".join(site for site, _ in f.call_sites) or "-"
-        lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step, at {where}"]
+        where = "; ".join(site for site, _ in f.call_sites)
+        lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step" + (f", at {where}" if where else "")]
         lines += [f"  - {tip}" for tip in f.advice]
     return lines
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -92,7 +93,8 @@ def test_api_and_plugin_give_the_same_numbers(pytester, monkeypatch) -> None:
         (lambda: oam.ProfileBaseline.create(model="llama-7b", dataset="c4"), ValueError,
          r"unknown dataset 'c4'; known: wikitext-103"),
         (lambda: oam.ProfileBaseline.create(model="llama-7b", hardware="H100 x 8"), ValueError,
-         r"unknown hardware 'H100 x 8'; known: ascend910, ascend910b, 'Ascend 910 x 8'"),
+         (r"unknown hardware 'H100 x 8'; known: ascend910, ascend910b, each optionally with a card count, "
+         r"e.g. 'Ascend 910 x 8'")),
         (lambda: oam.collect_profile(model="bert"), ValueError, r"unknown model 'bert'"),
         (lambda: oam.compare_profiles(None, None, regression_threshold=-0.05), ThresholdError,
          r"limit -0.05 is negative"),
@@ -171,7 +173,8 @@ def test_focused_profile_round_trips_through_json() -> None:
     ("kwargs", "message"),
     [
         ({"focus": "FlashAtention"}, "focus 'FlashAtention' matches no op type of the profile; there are: "),
-        ({"focus": "FlashAttention", "context_ops": -1}, "context_ops must be a non-negative integer, got -1"),
+        ({"focus": "FlashAttention", "context_ops": -1}, "context_ops must be an integer >= 0, got -1"),
+        ({"context_ops": 3}, "context_ops applies only with focus=OP"),
     ],
 )
 def test_bad_focus_is_an_error(kwargs, message) -> None:
@@ -179,3 +182,75 @@ def test_bad_focus_is_an_error(kwargs, message) -> None:
         oam.collect_profile(model="llama-7b", steps=1, **kwargs)
     if "matches no op type" in message:
         assert "FlashAttention" in str(info.value) and "MatMul" in str(info.value)
+
+
+
+# -- review findings (each failed before its fix) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"fusion": "false"}, "parameter fusion must be true or false, got 'false'"),
+        ({"block_size": 64.0}, "parameter block_size must be an integer >= 1, got 64.0"),
+        ({"dtype": "int4"}, "parameter dtype 'int4' has no Cube rate on ascend910; known: fp16, int8"),
+        ({"dtype": "bf16"}, "parameter dtype 'bf16' has no Cube rate on ascend910; known: fp16, int8"),
+        ({"tensor_parallel": 3}, "parameter tensor_parallel=3 does not divide the 8 cards"),
+        ({"seq_len": 100}, "seq_len applies only without a dataset"),
+        ({"hardware": "Ascend 910 x -1"}, "hardware 'Ascend 910 x -1': the card count must be at least 1, got -1"),
+        ({"hardware": "Ascend 910 x 0"}, "the card count must be at least 1, got 0"),
+        ({"max_seq_len": 100}, "max_seq_len must be a positive multiple of 128, got 100"),
+        ({"seed": -5}, "seed must be an integer >= 0, got -5"),
+        ({"dataset": None, "seq_len": -8}, "seq_len must be an integer >= 1, got -8"),
+        ({"steps": 0}, "steps must be an integer >= 1, got 0"),
+    ],
+)
+def test_collection_settings_are_checked(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        oam.collect_profile("llama-7b", **{"steps": 1, **kwargs})
+
+
+def test_dataset_none_and_tensor_parallel() -> None:
+    profile = oam.collect_profile("llama-7b", "none", steps=1, seq_len=1024, tensor_parallel=2)
+    assert profile.tokens_per_step == 1024 * 4  # data parallelism 4 of 8 cards
+    # the default layout on 8 x 910A: tensor parallelism 4 in an HCCS group, data parallelism 2
+    assert oam.collect_profile("llama-7b", None, steps=1, seq_len=1024).tokens_per_step == 1024 * 2
+
+
+def test_baseline_file_records_how_it_was_collected(tmp_path) -> None:
+    made = oam.ProfileBaseline.create("llama-7b", dataset=None, seq_len=1024, steps=2,
+                                      params={"block_size": 64, "fusion": False})
+    made.collect()
+    made.save(tmp_path / "b.json")
+    again = oam.ProfileBaseline.load(tmp_path / "b.json")
+    assert (again.dataset, again.seq_len, again.steps, again.params) == (None, 1024, 2, {"block_size": 64, "fusion": False})
+    again.collect()
+    assert oam.compare_profiles(made, again.profile).status == "pass"
+    with pytest.raises(ValueError, match=r"b\.json\.gz: baseline files are plain JSON"):
+        made.save(tmp_path / "b.json.gz")
+
+
+def test_focused_profile_passes_even_a_zero_limit() -> None:
+    # Sums over summarised ops round differently; that noise must never regress a gate.
+    full = oam.collect_profile("llama-7b", steps=2)
+    report = oam.compare_profiles(full, full.focused("FlashAttention", 5), regression_threshold="0%")
+    assert report.status == "pass", report.to_text()
+
+
+def test_multi_run_baseline_is_matched_by_fingerprint() -> None:
+    from pytest_oam.baseline import BaselineFile
+
+    long, short = oam.collect_profile("llama-7b", None, steps=1, seq_len=2048), oam.collect_profile(
+        "llama-7b", None, steps=1, seq_len=1024)
+    two = BaselineFile(nodeid="t", runs=[summarize(long), summarize(short)])
+    assert oam.compare_profiles(two, short).comparison.baseline_step_s == summarize(short).step_time_s
+    other = oam.collect_profile("llama-7b", None, steps=1, seq_len=512)
+    with pytest.raises(ValueError, match="holds 2 profiled runs and none of them has the current workload"):
+        oam.compare_profiles(two, other)
+
+
+def test_per_op_thresholds() -> None:
+    base = oam.collect_profile("llama-7b", steps=1)
+    slow = oam.collect_profile("llama-7b", steps=1, block_size=64)
+    loose = oam.compare_profiles(base, slow, thresholds={"FlashAttention*": "50%"})
+    assert loose.status == "pass" and loose.limits["FlashAttention*"] == 0.5

@@ -25,7 +25,7 @@ def oam_cmd(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_console_script_and_module_run() -> None:
     (script,) = entry_points(group="console_scripts", name="oam")
-    assert script.value == "pytest_oam.cli:main"
+    assert script.value == "pytest_oam.cli:console_main"
     result = subprocess.run([sys.executable, "-m", "pytest_oam", "--help"], capture_output=True, text=True, check=True)
     for text in ("usage: oam", "baseline", "collect", "compare", "exit codes: 0 nothing regressed"):
         assert text in result.stdout
@@ -110,3 +110,44 @@ def test_show_a_profile_says_what_it_is(tmp_path, capsys) -> None:
     oam_cmd(capsys, "collect", *FAST, "-o", tmp_path / "p.json.gz")
     code, _, err = oam_cmd(capsys, "baseline", "show", tmp_path / "p.json.gz")
     assert code == 2 and "p.json.gz: is a profile, not a baseline file" in err
+
+
+
+def test_booleans_and_bad_params(tmp_path, capsys) -> None:
+    from pytest_oam.cli import _param
+
+    assert [_param(f"fusion={v}")[1] for v in ("no", "off", "False", "0")] == [False, False, False, 0]
+    assert _param("fusion=yes")[1] is True
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "fusion=maybe", "-o", tmp_path / "p.json")
+    assert code == 2 and "parameter fusion must be true or false, got 'maybe'" in err
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "dtype=int4", "-o", tmp_path / "p.json")
+    assert code == 2 and "has no Cube rate on ascend910" in err
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "seq_len=100", "-o", tmp_path / "p.json")
+    assert code == 2 and "unknown parameter 'seq_len'" in err
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "--seq-len", "100", "-o", tmp_path / "p.json")
+    assert code == 2 and "seq_len applies only without a dataset" in err
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "--context-ops", "3", "-o", tmp_path / "p.json")
+    assert code == 2 and "context_ops applies only with focus=OP" in err
+    code, _, err = oam_cmd(capsys, "baseline", "create", *FAST, "-o", tmp_path / "b.json.gz")
+    assert code == 2 and "baseline files are plain JSON" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_compare_per_op_threshold_and_version(tmp_path, capsys) -> None:
+    oam_cmd(capsys, "baseline", "create", *FAST, "-o", tmp_path / "b.json")
+    oam_cmd(capsys, "collect", *FAST, "--param", "block_size=64", "-o", tmp_path / "slow.json")
+    code, out, _ = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "slow.json",
+                           "--threshold", "FlashAttention*=60%", "--format", "json")
+    assert code == 0 and json.loads(out)["limits"]["FlashAttention*"] == 0.6
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "simulator 0.2.0" in capsys.readouterr().out
+
+
+def test_empty_baseline_is_invalid(tmp_path, capsys) -> None:
+    oam_cmd(capsys, "baseline", "create", *FAST, "-o", tmp_path / "b.json")
+    data = json.loads((tmp_path / "b.json").read_text())
+    data["runs"][0]["ops"] = {}
+    (tmp_path / "empty.json").write_text(json.dumps(data))
+    code, _, err = oam_cmd(capsys, "compare", tmp_path / "empty.json", tmp_path / "b.json")
+    assert code == 2 and "runs.0.ops" in err

@@ -43,6 +43,7 @@ class Case(BaseModel):
     accept_range: tuple[float, float] | None = None
     upper_bound: float | None = None
     role: Literal["validation", "calibration"] = "validation"
+    known_gap: str | None = Field(default=None, description="Why the models do not meet this case yet")
     source: str = Field(min_length=1)
 
 
@@ -54,7 +55,8 @@ class FiguresFile(BaseModel):
 
 
 class CaseResult(BaseModel):
-    """A case with its simulated figure. ``error_frac`` is signed, ``None`` for bounds."""
+    """A case with its simulated figure. ``error_frac`` is signed, against the published figure
+    (the middle of a published band), ``None`` for bounds."""
 
     model_config = ConfigDict(frozen=True)
     case: Case
@@ -199,13 +201,14 @@ def evaluate(case: Case) -> CaseResult:
     value = WORKLOADS[case.workload](load_hardware(case.hardware), **case.params)
     if case.upper_bound is not None:
         return CaseResult(case=case, simulated=value, error_frac=None, passed=value <= case.upper_bound)
+    error = (value - case.published) / case.published
     if case.accept_range is not None:
         low, high = case.accept_range
-        error = 0.0 if low <= value <= high else (value - low) / low if value < low else (value - high) / high
         tolerance = case.tolerance_frac or 0.0
-        return CaseResult(case=case, simulated=value, error_frac=error, passed=abs(error) <= tolerance)
-    error = (value - case.published) / case.published
-    return CaseResult(case=case, simulated=value, error_frac=error, passed=abs(error) <= case.tolerance_frac)
+        passed = low * (1 - tolerance) <= value <= high * (1 + tolerance)
+    else:
+        passed = abs(error) <= case.tolerance_frac
+    return CaseResult(case=case, simulated=value, error_frac=error, passed=passed)
 
 
 def validate(cases: tuple[Case, ...] | None = None) -> list[CaseResult]:
@@ -246,23 +249,74 @@ def table(results: list[CaseResult], fmt: str = "simple") -> str:
             published, tolerance = f"<= {_fmt(c.upper_bound, c.metric)}", "bound"
         elif c.accept_range is not None:
             low, high = c.accept_range
-            published = f"{_fmt(low, c.metric)} .. {_fmt(high, c.metric)}"
-            tolerance = f"{c.tolerance_frac * 100:.0f}% of band" if c.tolerance_frac else "in band"
+            published = f"{_fmt(c.published, c.metric)} ({_fmt(low, c.metric)} .. {_fmt(high, c.metric)})"
+            tolerance = f"band +-{c.tolerance_frac * 100:.0f}%" if c.tolerance_frac else "in band"
         else:
-            published, tolerance = _fmt(c.published, c.metric), f"{c.tolerance_frac * 100:.0f}%"
+            published, tolerance = _fmt(c.published, c.metric), f"+-{c.tolerance_frac * 100:.0f}%"
         error = "-" if r.error_frac is None else f"{r.error_frac * 100:+.1f}%"
-        verdict = ("pass" if r.passed else "FAIL") + (" (calibration)" if c.role == "calibration" else "")
+        verdict = "pass" if r.passed else ("FAIL (known gap)" if c.known_gap else "FAIL")
+        if c.role == "calibration":
+            verdict += " (calibration)"
         rows.append((c.id, c.hardware, published, _fmt(r.simulated, c.metric), error, tolerance, verdict))
     return tabulate(rows, headers=("case", "hardware", "published", "simulated", "error", "tolerance", "result"),
                     colalign=("left", "left", "right", "right", "right", "right", "left"), tablefmt=fmt)
 
 
+def unexpected_failures(results: list[CaseResult]) -> list[CaseResult]:
+    """Failing cases that are not known gaps."""
+    return [r for r in results if not r.passed and not r.case.known_gap]
+
+
 def report(results: list[CaseResult], fmt: str = "simple") -> str:
-    """The table and its summary line."""
-    failed = [r.case.id for r in results if not r.passed]
-    summary = (f"median absolute error {median_abs_error_frac(results) * 100:.1f}% over "
-               f"{sum(1 for r in results if r.error_frac is not None and r.case.role == 'validation')} "
-               f"validation cases (target <= 10%); {len(results) - len(failed)}/{len(results)} cases pass")
-    if failed:
-        summary += "; failing: " + ", ".join(failed)
-    return table(results, fmt) + "\n" + summary
+    """The table and its summary lines (median error, passes, known gaps, bounds)."""
+    figures = [r for r in results if not r.is_bound]
+    validation = [r for r in figures if r.case.role == "validation"]
+    bounds = [r for r in results if r.is_bound]
+    lines = [
+        (f"median absolute error {median_abs_error_frac(results) * 100:.1f}% over {len(validation)} validation "
+        f"cases (target <= 10%; calibration cases and bounds excluded)"),
+        (f"{sum(r.passed for r in figures)}/{len(figures)} published figures within tolerance; "
+        f"{sum(r.passed for r in bounds)}/{len(bounds)} sanity bounds hold"),
+    ]
+    for r in results:
+        if not r.passed:
+            lines.append(f"{'known gap' if r.case.known_gap else 'FAILING'}: {r.case.id}"
+                         + (f": {r.case.known_gap}" if r.case.known_gap else ""))
+    if fmt == "github":
+        return table(results, fmt) + "\n\n" + "\n".join(f"- {line}" for line in lines)
+    return table(results, fmt) + "\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m simulator.validation`` / ``oam validate``: print the table; exit 1 when a case
+    fails that is not a known gap (any failing case with ``--strict``), 2 for a bad ``--case``."""
+    import argparse
+    import json as _json
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="oam validate", description="Compare the simulator with published Ascend figures (figures.json).")
+    parser.add_argument("--case", action="append", default=[], metavar="ID",
+                        help="run only cases whose id starts with ID (repeatable)")
+    parser.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                        help="output format (default: %(default)s)")
+    parser.add_argument("--strict", action="store_true", help="known gaps fail too")
+    args = parser.parse_args(argv)
+    cases = load_cases()
+    if args.case:
+        cases = tuple(c for c in cases if any(c.id.startswith(prefix) for prefix in args.case))
+        if not cases:
+            print(f"oam validate: error: no case matches {', '.join(args.case)}; cases: "
+                  f"{', '.join(c.id for c in load_cases())}", file=sys.stderr)
+            return 2
+    results = validate(cases)
+    if args.format == "json":
+        print(_json.dumps({
+            "median_abs_error_frac": median_abs_error_frac(results),
+            "cases": [{**r.case.model_dump(mode="json"), "simulated": r.simulated, "error_frac": r.error_frac,
+                       "passed": r.passed} for r in results],
+        }, indent=2))
+    else:
+        print(report(results, "github" if args.format == "markdown" else "simple"))
+    failing = [r for r in results if not r.passed] if args.strict else unexpected_failures(results)
+    return 1 if failing else 0
