@@ -11,7 +11,7 @@ import json
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -85,6 +85,40 @@ class InterconnectSpec(_Group):
     link_efficiency_frac: float = Field(gt=0, le=1)
 
 
+class AllocatorSpec(_Group):
+    """The torch_npu caching allocator: its size rules and the host time of its calls.
+
+    The byte constants are software facts of torch_npu's ``NPUCachingAllocator.cpp``
+    (``kMinBlockSize`` and friends); the latencies are host-side costs of one call each.
+    """
+
+    min_block_bytes: PositiveInt = Field(description="kMinBlockSize: every block is a multiple")
+    request_padding_bytes: NonNegativeInt = Field(
+        description="Added to each request before rounding (torch_npu round_size)"
+    )
+    small_size_bytes: PositiveInt = Field(description="kSmallSize: largest small-pool request")
+    small_buffer_bytes: PositiveInt = Field(description="kSmallBuffer: small-pool segment")
+    large_buffer_bytes: PositiveInt = Field(description="kLargeBuffer: segment for 1-10 MiB requests")
+    min_large_alloc_bytes: PositiveInt = Field(description="kMinLargeAlloc: own segment from here")
+    round_large_bytes: PositiveInt = Field(description="kRoundLarge: large segments round to this")
+    expandable_align_bytes: PositiveInt = Field(
+        description="kAlignRoundLarge: start alignment of large blocks in expandable segments"
+    )
+    cached_alloc_latency_s: PositiveFloat = Field(description="Host bookkeeping of one allocation")
+    cached_free_latency_s: PositiveFloat = Field(description="Host bookkeeping of one free")
+    device_malloc_latency_s: PositiveFloat = Field(description="One aclrtMalloc call")
+    device_free_latency_s: PositiveFloat = Field(description="One aclrtFree call")
+    device_synchronize_latency_s: PositiveFloat = Field(
+        description="Fixed cost of one device or stream synchronisation on an idle device"
+    )
+    page_map_latency_s: PositiveFloat = Field(
+        description="Expandable segments: map one page (aclrtMallocPhysical + aclrtMapMem)"
+    )
+    page_unmap_latency_s: PositiveFloat = Field(
+        description="Expandable segments: unmap one page (aclrtUnmapMem + aclrtFreePhysical)"
+    )
+
+
 class HardwareSpec(BaseModel):
     """One NPU model and the server it sits in. All values SI (bytes, seconds, hertz)."""
 
@@ -99,6 +133,7 @@ class HardwareSpec(BaseModel):
     dma: DmaSpec
     launch: LaunchSpec
     interconnect: InterconnectSpec
+    allocator: AllocatorSpec
 
     def peak_cube_flop_per_s(self, dtype: str) -> float:
         """Peak Cube unit rate in FLOP/s (2 FLOP per MAC) for ``dtype``.
