@@ -10,6 +10,9 @@ import pytest
 from pytest_oam.report import OamReport
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Example tests that check performance properties over shapes and profile nothing for the gate.
+SHAPE_PROPERTY_TESTS = ("test_flash_attention_reaches_35_percent_of_peak_on_910b",
+                        "test_large_matmuls_stay_near_their_aligned_shape_class")
 
 
 def test_examples_pass_against_committed_baselines(pytester: pytest.Pytester) -> None:
@@ -25,6 +28,8 @@ def test_examples_pass_against_committed_baselines(pytester: pytest.Pytester) ->
         "is intended, bump simulator.__version__ and run `pytest examples --oam-save-baseline`"
     )
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed") == len(report.tests) == len(committed) and "failed" not in outcomes
+    # Every profiled test has its committed baseline; the shape-property examples are not gated.
+    assert len(report.tests) == len(committed) and "failed" not in outcomes
+    assert outcomes.get("passed") == len(committed) + len(SHAPE_PROPERTY_TESTS)
     result.stdout.fnmatch_lines(["*test_llama2_7b_training_step*ascend910 x8*pass*MatMul*"])
     assert {p.name: p.read_bytes() for p in (pytester.path / "baselines").glob("examples_*.json")} == committed

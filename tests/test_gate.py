@@ -271,11 +271,12 @@ def test_baseline_identity_holds_only_stable_fields(pytester) -> None:
     pytester.makepyfile(test_suite=SUITE)
     pytester.runpytest("--oam-save-baseline", "-k", "model").assert_outcomes(passed=1)
     data = json.loads((pytester.path / "baselines" / baseline_filename("test_suite.py::test_model")).read_text())
-    assert set(data) == {"schema_version", "nodeid", "runs", "model", "dataset", "tag"}
-    assert (data["model"], data["dataset"], data["tag"]) == (None, None, None)  # Python API labels
+    assert set(data) == {"schema_version", "nodeid", "runs", "model", "dataset", "tag", "collection"}
+    # Python API labels and collection settings
+    assert (data["model"], data["dataset"], data["tag"], data["collection"]) == (None, None, None, None)
     assert set(data["runs"][0]) == {
         "hardware", "devices", "simulator_version", "workload_fingerprint", "steps", "step_time_s", "step_time_mean_s",
-        "tokens_per_step", "ops",
+        "step_time_p99_s", "step_time_max_s", "tokens_per_step", "ops",
     }
 
 
