@@ -419,8 +419,9 @@ class _Stat:
     freed: int = 0
 
     def update(self, amount: int) -> None:
-        self.current += amount
-        self.peak = max(self.peak, self.current)
+        current = self.current + amount
+        self.current = current
+        self.peak = max(self.peak, current)
         if amount > 0:
             self.allocated += amount
         else:
@@ -1226,8 +1227,9 @@ class NpuCachingAllocator:
         return ("all", "small_pool" if pool.is_small else "large_pool")
 
     def _update(self, name: str, types: tuple[str, ...], amount: int) -> None:
+        stats = self._stats[name]
         for stat_type in types:
-            self._stats[name][stat_type].update(amount)
+            stats[stat_type].update(amount)
 
     def _all_pools(self) -> list[_BlockPool]:
         return [self._small, self._large, *(r.pool for r in self._reserved_pools.values())]

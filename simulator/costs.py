@@ -93,6 +93,8 @@ class OpCost:
     mte2_ratio: float
     kernel_count: int = 1
     comm: CommCost | None = field(default=None)
+    overlapped_s: float = 0.0  # time the kernel's units (Cube, Vector, MTE) worked at once
+    overlappable_s: float = 0.0  # the most they could have: all but the longest unit
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -164,7 +166,8 @@ def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
     mte_s = transfer_s + waves * k.dma_per_block * hw.dma.mte_startup_latency_s
     cube_s = waves * k.cube_s_per_block
     vector_s = waves * k.vector_s_per_block
-    busy_s = pipelined_time_s((cube_s, vector_s, mte_s), k.stages, waves * k.iterations)
+    parts = (cube_s, vector_s, mte_s)
+    busy_s = pipelined_time_s(parts, k.stages, waves * k.iterations)
     floor_s = hw.launch.mix_kernel_launch_latency_s if k.mix else hw.launch.kernel_launch_latency_s
     launch_s = floor_s * k.kernel_count
     duration_s = launch_s + busy_s
@@ -181,6 +184,8 @@ def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
         vec_ratio=k.block_dim * k.vector_s_per_block / core_capacity_s,
         mte2_ratio=min(1.0, active_cores * mte_s / core_capacity_s),
         kernel_count=k.kernel_count,
+        overlapped_s=max(0.0, sum(parts) - busy_s),
+        overlappable_s=sum(parts) - max(parts),
     )
 
 

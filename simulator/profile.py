@@ -55,6 +55,37 @@ class OpRecord(BaseModel):
     attrs: dict[str, bool | int | float | str] = Field(default_factory=dict)
     source: str | None = None
     comm: CommInfo | None = None
+    alloc_stall_s: NonNegativeFloat = Field(
+        default=0.0, description="Device stall for memory before the kernel: device mallocs, or a failed "
+        "allocation's synchronise, cache flush and retry (part of duration_s)")
+    alloc_count: NonNegativeInt = Field(default=0, description="Allocations made for this op")
+    alloc_retries: NonNegativeInt = Field(default=0, description="Allocations that flushed the cache and retried")
+    device_mallocs: NonNegativeInt = 0
+    device_frees: NonNegativeInt = 0
+    overlapped_s: NonNegativeFloat = Field(default=0.0, description="Time the kernel's units worked at once")
+    overlappable_s: NonNegativeFloat = Field(
+        default=0.0, description="The most time they could have worked at once (all but the longest unit)")
+    overlap_frac: float | None = Field(
+        default=None, ge=0, le=1, description="DMA/compute overlap: overlapped_s / (overlappable_s + alloc_stall_s)")
+
+
+class StepMemory(BaseModel):
+    """The caching allocator in one step (``torch.npu.memory_stats`` names, bytes, seconds)."""
+
+    model_config = _RECORD_CONFIG
+    step: NonNegativeInt
+    allocated_peak_bytes: NonNegativeInt
+    reserved_peak_bytes: NonNegativeInt
+    allocated_end_bytes: NonNegativeInt
+    reserved_end_bytes: NonNegativeInt
+    inactive_split_bytes: NonNegativeInt = Field(description="Free bytes inside split blocks (fragmentation)")
+    largest_free_block_bytes: NonNegativeInt
+    alloc_count: NonNegativeInt
+    free_count: NonNegativeInt
+    device_mallocs: NonNegativeInt
+    device_frees: NonNegativeInt
+    alloc_retries: NonNegativeInt
+    alloc_time_s: NonNegativeFloat = Field(description="Host time spent in the allocator")
 
 
 class OpSummary(BaseModel):
@@ -100,6 +131,7 @@ class Profile(BaseModel):
     workload_fingerprint: str
     ops: list[OpRecord]
     op_summaries: list[OpSummary] = Field(default_factory=list)
+    memory: list[StepMemory] = Field(default_factory=list, description="Per step, when the run tracked memory")
     focus: str | None = Field(default=None, description="Op type pattern a focused profile kept")
     context_ops: int | None = Field(default=None, ge=0)
 

@@ -12,15 +12,17 @@ import math
 import numbers
 import os
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import __version__ as SIMULATOR_VERSION
+from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
 from .costs import OpCost, OpSpec, conv_output_hw, op_cost
 from .hardware import HardwareSpec, load_hardware
-from .profile import CommInfo, OpRecord, Profile
+from .profile import CommInfo, OpRecord, Profile, StepMemory
 from .units import DTYPE_BYTES
 
 _RUNTIME_FILE = os.path.normcase(os.path.abspath(__file__))
@@ -30,9 +32,14 @@ class ShapeError(ValueError):
     """An operator was called with shapes or arguments it cannot work with."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, eq=False)
 class Tensor:
-    """A device tensor: shape (elements per axis) and dtype name; no data."""
+    """A device tensor: shape (elements per axis) and dtype name; no data.
+
+    Tensors made by an :class:`NPU` hold device memory from its caching allocator until the
+    Python object is garbage-collected (or :meth:`NPU.free` is called). Two tensors are equal
+    only if they are the same object, as device buffers are.
+    """
 
     shape: tuple[int, ...]
     dtype: str = "fp16"
@@ -83,6 +90,31 @@ def _call_site() -> str | None:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+def _overlap(overlapped_s: float, overlappable_s: float, stall_s: float) -> float:
+    """Share of the time an op could have overlapped DMA with compute in which it did: a stall
+    waiting for memory counts as time in which nothing could be prefetched."""
+    denominator = overlappable_s + stall_s
+    return 1.0 if denominator <= 0 else min(1.0, overlapped_s / denominator)
+
+
+class _StepMemoryTally:
+    """Allocator activity within one step."""
+
+    def __init__(self) -> None:
+        self.allocs = self.frees = self.device_mallocs = self.device_frees = self.retries = 0
+        self.alloc_time_s = 0.0
+
+    def add(self, event: MemoryEvent) -> None:
+        if event.action == "alloc":
+            self.allocs += 1
+        elif event.action == "free":
+            self.frees += 1
+        self.device_mallocs += event.device_mallocs
+        self.device_frees += event.device_frees
+        self.retries += int(event.alloc_retried)
+        self.alloc_time_s += event.latency_s
+
+
 class NPU:
     """One simulated Ascend card of a ``devices``-card job (this card is rank 0).
 
@@ -100,6 +132,8 @@ class NPU:
         hardware: HardwareSpec,
         devices: int = 1,
         op_time_scale: dict[str, float] | None = None,
+        allocator: AllocatorConfig | str | None = None,
+        memory: bool = False,
     ) -> None:
         if not isinstance(devices, int) or devices < 1:
             raise ValueError(f"devices must be a positive integer, got {devices!r}")
@@ -115,6 +149,15 @@ class NPU:
         self._clock_s = 0.0
         self._step = 0
         self.tokens_per_step: int | None = None
+        if isinstance(allocator, str):
+            allocator = AllocatorConfig.from_conf_string(allocator)
+        self.memory = bool(memory or allocator is not None)
+        self.allocator = NpuCachingAllocator(hardware, allocator) if self.memory else None
+        self._pending_stall_s = 0.0
+        self._pending_allocs = 0
+        self._step_memory = _StepMemoryTally()
+        self._memory_steps: list[StepMemory] = []
+        self._finalizers: dict[int, weakref.finalize] = {}
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -125,8 +168,63 @@ class NPU:
         self.tokens_per_step = tokens
 
     def tensor(self, shape: Sequence[int], dtype: str = "fp16") -> Tensor:
-        """A tensor of ``shape`` and ``dtype`` already on the device."""
-        return Tensor(_check_shape("tensor", shape), _check_dtype("tensor", dtype))
+        """A tensor of ``shape`` and ``dtype`` on the device (its memory comes from the caching
+        allocator; a device stall that allocation causes is charged to the next op).
+
+        Raises:
+            ShapeError: a bad shape or dtype.
+            OutOfMemoryError: the card's HBM cannot hold it even after the cache is freed.
+        """
+        tensor = Tensor(_check_shape("tensor", shape), _check_dtype("tensor", dtype))
+        self._allocate(tensor, charge_last=False)
+        return tensor
+
+    def free(self, tensor: Tensor) -> None:
+        """Give ``tensor``'s memory back to the caching allocator now (as ``del`` does when the
+        last reference goes)."""
+        finalizer = self._finalizers.pop(id(tensor), None)
+        if finalizer is not None:
+            finalizer()
+
+    # -- memory --------------------------------------------------------------------------------
+
+    def _allocate(self, tensor: Tensor, *, charge_last: bool = True) -> Tensor:
+        """Give ``tensor`` device memory; free it when the object goes away. A device-visible
+        stall (a device malloc, or a failed allocation's synchronise, cache flush and retry)
+        lengthens the op that produced the tensor (``charge_last``) or the next op."""
+        if self.allocator is None:
+            return tensor
+        handle, event = self.allocator.alloc(tensor.nbytes)
+        self._step_memory.add(event)
+        self._finalizers[id(tensor)] = weakref.finalize(tensor, self._release, handle, id(tensor))
+        device_visible = event.device_mallocs or event.device_frees or event.synchronizations or event.alloc_retried
+        stall = event.latency_s if device_visible else 0.0
+        if not device_visible:
+            pass  # a cache hit: host bookkeeping, hidden behind the device's queue
+        elif charge_last and self._records and self._records[-1].step == self._step:
+            record = self._records[-1]
+            self._records[-1] = record.model_copy(update={
+                "duration_s": record.duration_s + stall,
+                "alloc_stall_s": record.alloc_stall_s + stall,
+                "alloc_count": record.alloc_count + 1,
+                "alloc_retries": record.alloc_retries + int(event.alloc_retried),
+                "device_frees": record.device_frees + event.device_frees,
+                "device_mallocs": record.device_mallocs + event.device_mallocs,
+                "overlap_frac": _overlap(record.overlapped_s, record.overlappable_s, record.alloc_stall_s + stall),
+            })
+            self._clock_s += stall
+        else:
+            self._pending_stall_s += stall
+            self._pending_allocs += 1
+        return tensor
+
+    def _release(self, handle: Allocation, key: int) -> None:
+        self._finalizers.pop(key, None)
+        self._step_memory.add(self.allocator.free(handle))
+
+    def _out(self, shape: Sequence[int], dtype: str) -> Tensor:
+        """An op's output tensor, allocated (and its stall charged to the op just emitted)."""
+        return self._allocate(Tensor(tuple(shape), dtype))
 
     def _emit(
         self,
@@ -144,7 +242,9 @@ class NPU:
             cost = op_cost(spec, self.hardware)
             self._cost_cache[spec] = cost
         scale = self._scale.get(op_type, 1.0)
-        duration_s = cost.duration_s * scale
+        stall_s, allocs = self._pending_stall_s, self._pending_allocs
+        self._pending_stall_s, self._pending_allocs = 0.0, 0
+        duration_s = cost.duration_s * scale + stall_s
         hbm_util = (
             cost.hbm_bytes / duration_s / self.hardware.memory.hbm_bandwidth_bytes_per_s
             if duration_s > 0 and stream == "compute"
@@ -181,6 +281,14 @@ class NPU:
             attrs={k: v for k, v in attr_items if isinstance(v, (bool, int, float, str))},
             source=_call_site(),
             comm=comm,
+            alloc_stall_s=stall_s,
+            alloc_count=allocs,
+            alloc_retries=0,
+            device_frees=0,
+            device_mallocs=0,
+            overlapped_s=cost.overlapped_s * scale,
+            overlappable_s=cost.overlappable_s * scale,
+            overlap_frac=_overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if stream == "compute" else None,
         )
         self._records.append(record)
         self._clock_s += duration_s
@@ -230,7 +338,7 @@ class NPU:
         spec_a = Tensor((batch, m, k), a.dtype)
         spec_b = Tensor((batch, k, n), b.dtype)
         self._emit(op_type, (spec_a, spec_b), a.dtype, name)
-        return Tensor((*batch_a, m, n), a.dtype)
+        return self._out((*batch_a, m, n), a.dtype)
 
     def flash_attention(
         self,
@@ -257,7 +365,7 @@ class NPU:
         self._check_attention("flash_attention", q, k, v, block_size, pipeline_stages)
         attrs = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": bool(fusion), "causal": bool(causal)}
         self._emit("FlashAttention", (q, k, v), q.dtype, name, attrs)
-        return Tensor(q.shape, q.dtype)
+        return self._out(q.shape, q.dtype)
 
     def flash_attention_grad(
         self,
@@ -282,7 +390,7 @@ class NPU:
             raise ShapeError(f"flash_attention_grad: dout {list(dout.shape)} must match q {list(q.shape)}")
         attrs = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": bool(fusion), "causal": bool(causal)}
         self._emit("FlashAttentionGrad", (q, k, v, dout), q.dtype, name, attrs)
-        return Tensor(q.shape, q.dtype), Tensor(k.shape, k.dtype), Tensor(v.shape, v.dtype)
+        return self._out(q.shape, q.dtype), self._out(k.shape, k.dtype), self._out(v.shape, v.dtype)
 
     @staticmethod
     def _check_attention(op: str, q: Tensor, k: Tensor, v: Tensor, block_size: int, stages: int) -> None:
@@ -334,7 +442,7 @@ class NPU:
         _check_tensors("Conv2D", x=x, weight=weight)
         ho, wo = self._conv_check("Conv2D", x, weight.shape, stride, padding)
         self._emit("Conv2D", (x, weight), x.dtype, name, {"stride": stride, "padding": padding})
-        return Tensor((x.shape[0], weight.shape[0], ho, wo), x.dtype)
+        return self._out((x.shape[0], weight.shape[0], ho, wo), x.dtype)
 
     def conv2d_backward(self, dy: Tensor, x: Tensor, weight: Tensor, *, stride: int = 1, padding: int = 0,
                         input_grad: bool = True, name: str | None = None) -> Tensor | None:
@@ -354,7 +462,7 @@ class NPU:
         if not input_grad:
             return None
         self._emit("Conv2DBackpropInput", (dy, weight), x.dtype, name, {**attrs, "input_hw": x.shape[2:]})
-        return Tensor(x.shape, x.dtype)
+        return self._out(x.shape, x.dtype)
 
     def batch_norm(self, x: Tensor, *, name: str | None = None) -> Tensor:
         """Training batch normalisation over (N, H, W) per channel (op type ``BatchNorm``)."""
@@ -401,14 +509,14 @@ class NPU:
         _check_tensors("MaxPool", x=x)
         ho, wo = self._conv_check("MaxPool", x, (x.shape[1], x.shape[1], kernel, kernel), stride, padding)
         self._emit("MaxPool", (x,), x.dtype, name, {"kernel": kernel, "stride": stride})
-        return Tensor((*x.shape[:2], ho, wo), x.dtype)
+        return self._out((*x.shape[:2], ho, wo), x.dtype)
 
     def max_pool_grad(self, dy: Tensor, x: Tensor, *, kernel: int = 3, stride: int = 2,
                       name: str | None = None) -> Tensor:
         """Backward of :meth:`max_pool` (op type ``MaxPoolGrad``); returns dx."""
         _check_tensors("MaxPoolGrad", dy=dy, x=x)
         self._emit("MaxPoolGrad", (x, dy), x.dtype, name, {"kernel": kernel, "stride": stride})
-        return Tensor(x.shape, x.dtype)
+        return self._out(x.shape, x.dtype)
 
     def global_avg_pool(self, x: Tensor, *, name: str | None = None) -> Tensor:
         """Mean over H and W (op type ``GlobalAvgPool``): (N, C, H, W) -> (N, C)."""
@@ -416,13 +524,13 @@ class NPU:
         if len(x.shape) != 4:
             raise ShapeError(f"GlobalAvgPool: x must be (N, C, H, W), got {list(x.shape)}")
         self._emit("GlobalAvgPool", (x,), x.dtype, name)
-        return Tensor(x.shape[:2], x.dtype)
+        return self._out(x.shape[:2], x.dtype)
 
     def global_avg_pool_grad(self, dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
         """Backward of :meth:`global_avg_pool` (op type ``GlobalAvgPoolGrad``); returns dx."""
         _check_tensors("GlobalAvgPoolGrad", dy=dy, x=x)
         self._emit("GlobalAvgPoolGrad", (x, dy), x.dtype, name)
-        return Tensor(x.shape, x.dtype)
+        return self._out(x.shape, x.dtype)
 
     # -- Vector unit ---------------------------------------------------------------------------
 
@@ -438,7 +546,7 @@ class NPU:
             raise ShapeError(f"{op_type}: shapes {shapes} do not broadcast") from None
         out = Tensor(tuple(out_shape), x.dtype)
         self._emit(op_type, (out, *others), x.dtype, name)
-        return out
+        return self._allocate(out)
 
     def add(self, a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
         """a + b (op type ``Add``); b may be a's shape or its last axis."""
@@ -481,7 +589,7 @@ class NPU:
         _check_tensors("cast", x=x)
         _check_dtype("cast", dtype)
         self._emit("Cast", (x,), x.dtype, name, {"to": dtype})
-        return Tensor(x.shape, dtype)
+        return self._out(x.shape, dtype)
 
     def _norm(self, op_type: str, x: Tensor, params: Sequence[Tensor], name: str | None) -> Tensor:
         _check_tensors(op_type, x=x, **{f"parameter {i + 1}": p for i, p in enumerate(params)})
@@ -491,7 +599,7 @@ class NPU:
                     f"{op_type}: parameter shape {list(p.shape)} must be ({x.shape[-1]},) for input {list(x.shape)}"
                 )
         self._emit(op_type, (x, *params), x.dtype, name)
-        return Tensor(x.shape, x.dtype)
+        return self._out(x.shape, x.dtype)
 
     def rms_norm(self, x: Tensor, weight: Tensor, *, name: str | None = None) -> Tensor:
         """RMS normalisation over the last axis (op type ``RmsNorm``). weight: (hidden,)."""
@@ -521,7 +629,7 @@ class NPU:
         if ids.dtype not in ("int32", "int64"):
             raise ShapeError(f"Embedding: ids must be int32 or int64, got {ids.dtype}")
         self._emit("Embedding", (Tensor((ids.numel,), ids.dtype), table), table.dtype, name)
-        return Tensor((*ids.shape, table.shape[1]), table.dtype)
+        return self._out((*ids.shape, table.shape[1]), table.dtype)
 
     def embedding_grad(self, dy: Tensor, ids: Tensor, table: Tensor, *, name: str | None = None) -> Tensor:
         """Scatter-add of row gradients into the table (op type ``EmbeddingDenseGrad``)."""
@@ -529,19 +637,19 @@ class NPU:
         if dy.shape != (*ids.shape, table.shape[1]):
             raise ShapeError(f"EmbeddingDenseGrad: dy {list(dy.shape)} must be ids shape + (hidden,)")
         self._emit("EmbeddingDenseGrad", (Tensor((ids.numel,), ids.dtype), table), table.dtype, name)
-        return Tensor(table.shape, table.dtype)
+        return self._out(table.shape, table.dtype)
 
     def cross_entropy(self, logits: Tensor, *, name: str | None = None) -> Tensor:
         """Softmax cross entropy over the last axis (op type ``CrossEntropy``); returns the loss."""
         _check_tensors("CrossEntropy", logits=logits)
         self._emit("CrossEntropy", (logits,), logits.dtype, name)
-        return Tensor((1,), "fp32")
+        return self._out((1,), "fp32")
 
     def cross_entropy_grad(self, logits: Tensor, *, name: str | None = None) -> Tensor:
         """Gradient of :meth:`cross_entropy` with respect to the logits (``CrossEntropyGrad``)."""
         _check_tensors("CrossEntropyGrad", logits=logits)
         self._emit("CrossEntropyGrad", (logits,), logits.dtype, name)
-        return Tensor(logits.shape, logits.dtype)
+        return self._out(logits.shape, logits.dtype)
 
     def adamw(self, param_numel: int, *, name: str | None = None) -> None:
         """AdamW update of ``param_numel`` fp32 master weights (op type ``ApplyAdamW``)."""
@@ -574,14 +682,14 @@ class NPU:
         """Sum ``x`` over the ranks (op type ``AllReduce``); default group: every card."""
         group = self._group("AllReduce", ranks, x)
         self._emit("AllReduce", (x,), x.dtype, name, {"ranks": group}, stream="hccl")
-        return Tensor(x.shape, x.dtype)
+        return self._out(x.shape, x.dtype)
 
     def all_gather(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
         """Concatenate each rank's ``x`` along axis 0 (op type ``AllGather``)."""
         group = self._group("AllGather", ranks, x)
         out = Tensor((x.shape[0] * len(group), *x.shape[1:]), x.dtype)
         self._emit("AllGather", (out,), x.dtype, name, {"ranks": group}, stream="hccl")
-        return out
+        return self._allocate(out)
 
     def reduce_scatter(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
         """Sum ``x`` over the ranks and keep this rank's 1/p slice of axis 0 (``ReduceScatter``).
@@ -593,14 +701,33 @@ class NPU:
         if x.shape[0] % len(group):
             raise ShapeError(f"ReduceScatter: axis 0 of {list(x.shape)} is not divisible by {len(group)} ranks")
         self._emit("ReduceScatter", (x,), x.dtype, name, {"ranks": group}, stream="hccl")
-        return Tensor((x.shape[0] // len(group), *x.shape[1:]), x.dtype)
+        return self._out((x.shape[0] // len(group), *x.shape[1:]), x.dtype)
 
     # -- profile -------------------------------------------------------------------------------
 
+    def _close_step(self) -> None:
+        if self.allocator is None:
+            self._memory_steps.append(None)
+            return
+        stats = self.allocator.stats()
+        t = self._step_memory
+        self._memory_steps.append(StepMemory.model_construct(
+            step=self._step, allocated_peak_bytes=stats.allocated_bytes_peak, reserved_peak_bytes=stats.reserved_bytes_peak,
+            allocated_end_bytes=stats.allocated_bytes, reserved_end_bytes=stats.reserved_bytes,
+            inactive_split_bytes=stats.inactive_split_bytes, largest_free_block_bytes=stats.largest_free_block_bytes,
+            alloc_count=t.allocs, free_count=t.frees, device_mallocs=t.device_mallocs, device_frees=t.device_frees,
+            alloc_retries=t.retries, alloc_time_s=t.alloc_time_s,
+        ))
+        self.allocator.reset_peak_stats()
+        self._step_memory = _StepMemoryTally()
+
     def _next_step(self) -> None:
+        self._close_step()
         self._step += 1
 
     def profile(self, steps: int) -> Profile:
+        if len(self._memory_steps) < steps:
+            self._close_step()
         digest = hashlib.sha256()
         for op in self._records:  # every step: a workload whose later steps change is another workload
             digest.update(f"{op.step}|{op.op_type}|{op.input_shapes}|{op.dtype};".encode())
@@ -613,6 +740,7 @@ class NPU:
             tokens_per_step=self.tokens_per_step,
             workload_fingerprint=digest.hexdigest()[:16],
             ops=self._records,
+            memory=[m for m in self._memory_steps if m is not None],
         )
 
 
@@ -623,6 +751,8 @@ def run(
     hardware: str | HardwareSpec = "ascend910",
     devices: int = 1,
     op_time_scale: dict[str, float] | None = None,
+    allocator: AllocatorConfig | str | None = None,
+    memory: bool = False,
     **kwargs,
 ) -> Profile:
     """Run ``workload(npu, *args, **kwargs)`` ``steps`` times on a simulated card.
@@ -633,6 +763,14 @@ def run(
         hardware: a bundled spec name (see :func:`simulator.list_hardware`) or a spec.
         devices: cards in the job (one is simulated, all ranks alike).
         op_time_scale: fault injection, see :class:`NPU`.
+        memory: model device memory: every tensor takes HBM from a model of torch_npu's
+            caching allocator (:mod:`simulator.allocator`) when it is made and gives it back
+            when the Python object goes; device mallocs and failed allocations stall the op
+            that needed the memory, and the profile gets per-step memory statistics. Off by
+            default: it roughly doubles the simulation's own run time.
+        allocator: the caching allocator's settings (implies ``memory``), as an
+            :class:`AllocatorConfig` or a ``PYTORCH_NPU_ALLOC_CONF`` string
+            (``"expandable_segments:True"``).
 
     Returns:
         The :class:`~simulator.profile.Profile` of the run.
@@ -643,7 +781,7 @@ def run(
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     spec = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
-    npu = NPU(spec, devices, op_time_scale)
+    npu = NPU(spec, devices, op_time_scale, allocator, memory)
     for step in range(steps):
         if step:
             npu._next_step()

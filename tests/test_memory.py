@@ -1,0 +1,82 @@
+"""Device memory in the runtime: tensors take HBM from the caching allocator model while they
+live, stalls land on the op that needed the memory, and the profile keeps per-step statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+import simulator
+from simulator.allocator import OutOfMemoryError
+from simulator.hardware import load_hardware
+from simulator.units import GiB, MiB
+
+A910 = load_hardware("ascend910")
+
+
+def test_tensors_hold_memory_while_they_live() -> None:
+    def work(npu):
+        a = npu.tensor((1024, 1024))  # 2 MiB + 32 B -> rounds to 2 MiB + 512 B: large pool, 20 MiB segment
+        b = npu.add(a, a)  # the output takes a second block of the same size
+        del a, b  # both freed: cached, still reserved
+        npu.tensor((16,))  # 32 B + 32 -> 512 B in the small pool: a 2 MiB segment
+
+    profile = simulator.run(work, memory=True)
+    (step,) = profile.memory
+    block = 2 * MiB + 512
+    assert step.allocated_peak_bytes == 2 * block
+    assert step.reserved_peak_bytes == 20 * MiB + 2 * MiB
+    assert (step.alloc_count, step.free_count, step.device_mallocs) == (3, 3, 2)
+    assert step.allocated_end_bytes == 0
+
+
+def test_a_device_malloc_stalls_the_op_that_needed_it() -> None:
+    def work(npu):
+        x = npu.tensor((4096, 4096))  # first segment: its malloc stalls the next op (the Add)
+        npu.add(x, x)  # its output needs a second segment: a malloc charged to the Add too
+
+    base = simulator.run(work)
+    tracked = simulator.run(work, memory=True)
+    # each of the two allocations pays the allocator's bookkeeping and one aclrtMalloc
+    malloc_s = A910.allocator.device_malloc_latency_s + A910.allocator.cached_alloc_latency_s
+    (add,) = tracked.ops_of("Add")
+    assert add.alloc_stall_s == pytest.approx(2 * malloc_s)
+    assert add.duration_s == pytest.approx(base.ops_of("Add")[0].duration_s + 2 * malloc_s)
+    assert add.device_mallocs == 1  # the output's; the input's malloc came before the op
+    assert add.overlap_frac < base.ops_of("Add")[0].overlap_frac
+
+
+def test_a_step_that_reuses_the_cache_has_no_stall() -> None:
+    def work(npu):
+        q = npu.tensor((1, 8, 2048, 128))
+        npu.flash_attention(q, q, q)
+
+    profile = simulator.run(work, steps=3, memory=True)
+    fa = profile.ops_of("FlashAttention")
+    assert fa[0].alloc_stall_s > 0 and fa[1].alloc_stall_s == fa[2].alloc_stall_s == 0
+    assert all(op.overlap_frac > 0.8 for op in fa[1:])
+    assert [m.device_mallocs for m in profile.memory][1:] == [0, 0]
+
+
+def test_out_of_memory_names_the_sizes() -> None:
+    def work(npu):
+        keep = [npu.tensor((8, GiB // 2)) for _ in range(5)]  # 5 x 8 GiB on a 32 GiB card
+        return keep
+
+    with pytest.raises(OutOfMemoryError, match=r"NPU out of memory. Tried to allocate 8\.00 GiB.*32\.00 GiB total capacity"):
+        simulator.run(work, memory=True)
+
+
+def test_allocator_settings_as_a_conf_string() -> None:
+    def work(npu):
+        for n in (3, 5, 7):
+            npu.tensor((n, 1024, 1024))
+
+    profile = simulator.run(work, allocator="expandable_segments:True")
+    assert profile.memory[0].alloc_count == 3
+    with pytest.raises(ValueError, match="unrecognized allocator setting"):
+        simulator.run(work, allocator="expandable:True")
+
+
+def test_memory_is_off_by_default() -> None:
+    profile = simulator.run(lambda npu: npu.tensor((4, 4)))
+    assert profile.memory == []
