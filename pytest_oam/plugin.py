@@ -79,6 +79,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("oam_hardware", "Simulated hardware for profiled tests", default="ascend910")
     parser.addini("oam_strict", "Same as --oam-strict", type="bool", default=False)
     parser.addini("oam_fail_on_improvement", "Same as --oam-fail-on-improvement", type="bool", default=False)
+    parser.addini("oam_disable_rules", "Diagnosis rules to switch off, one rule id per line", type="linelist",
+                  default=[])
+    parser.addini("oam_rule_thresholds", "Diagnosis rule thresholds, one RULE.NAME = NUMBER per line",
+                  type="linelist", default=[])
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from . import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
 
 
 @pytest.hookimpl(trylast=True)

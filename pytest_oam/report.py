@@ -53,6 +53,22 @@ class FindingReport(BaseModel):
     advice: list[str]
 
 
+class DiagnosisReport(BaseModel):
+    """A diagnosis rule's finding on one profiled run (see :mod:`pytest_oam.rules`)."""
+
+    model_config = _CONFIG
+    run: int = Field(ge=0)
+    rule_id: str
+    severity: Literal["fatal", "serious", "warning"]
+    op_type: str
+    op_name: str
+    location: str | None = Field(description="file:line of the user code that launched the op")
+    description: str
+    fix: str
+    gain_s: float = Field(ge=0, description="Estimated time a fix saves per step")
+    step_share_frac: float = Field(ge=0)
+
+
 class TopOp(BaseModel):
     model_config = _CONFIG
     op_type: str
@@ -85,6 +101,7 @@ class GateReport(BaseModel):
     runs: list[RunReport] = Field(default_factory=list)
     verdicts: list[VerdictReport] = Field(default_factory=list)
     findings: list[FindingReport] = Field(default_factory=list)
+    diagnosis: list[DiagnosisReport] = Field(default_factory=list)
 
 
 class OamReport(BaseModel):
@@ -227,7 +244,26 @@ def markdown_report(report: OamReport) -> str:
         if t.verdicts:
             lines += ["", verdict_table(t.verdicts, fmt="github")]
         lines += findings_markdown(t.findings)
+    diagnosed = [t for t in report.tests if t.diagnosis]
+    if diagnosed:
+        lines += ["", "### Diagnosis", ""]
+        for t in diagnosed:
+            for d in t.diagnosis:
+                where = f" at `{d.location}`" if d.location else ""
+                lines.append(f"- **{d.severity}** `{d.rule_id}` {d.op_type}{where} (`{t.nodeid}`): {d.description}")
+                lines.append(f"  - {d.fix}")
     return "\n".join(lines) + "\n"
+
+
+def diagnosis_text(items: Sequence[DiagnosisReport], indent: str = "") -> str:
+    """Diagnosis findings for the terminal: severity, rule, op, where, evidence, fix, gain."""
+    lines = []
+    for d in items:
+        where = f" at {d.location}" if d.location else ""
+        gain = f"; a fix saves about {fmt_time(d.gain_s)} per step ({fmt_frac(d.step_share_frac)})" if d.gain_s else ""
+        lines.append(f"{indent}[{d.severity}] {d.rule_id}: {d.op_type}{where}: {d.description}{gain}")
+        lines.append(f"{indent}    what to do: {d.fix}")
+    return "\n".join(lines)
 
 
 def findings_markdown(findings: Sequence[Finding | FindingReport]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +49,9 @@ class OamSettings:
     strict: bool = False
     fail_on_improvement: bool = False
     prune: bool = False
+    disabled_rules: tuple[str, ...] = ()
+    rule_thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
+    rules: dict[str, Any] = field(default_factory=dict)
 
     def fails(self, status: str, compared_nothing: bool = False) -> bool:
         """Does a test with this gate status fail?"""
@@ -170,12 +173,37 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
     prune = bool(opt.oam_prune)
     if prune and save_dir is None:
         raise _usage("--oam-prune: deletes stale baselines only together with --oam-save-baseline")
+    rules, disabled, rule_thresholds = _rule_settings(config)
     return OamSettings(
         baseline_dir, save_dir, cli, ini, hardware, reports,
         strict=bool(opt.oam_strict or config.getini("oam_strict")),
         fail_on_improvement=bool(opt.oam_fail_on_improvement or config.getini("oam_fail_on_improvement")),
-        prune=prune,
+        prune=prune, disabled_rules=disabled, rule_thresholds=rule_thresholds, rules=rules,
     )
+
+
+def _rule_settings(config: pytest.Config) -> tuple[dict, tuple[str, ...], dict[str, dict[str, float]]]:
+    """The session's diagnosis rules (built-ins plus ``pytest_oam_register_rules``), the ones
+    switched off, and threshold overrides; checked now so a typo is a usage error."""
+    from .rules import RULES, parse_rule_thresholds
+
+    rules = dict(RULES)
+    config.hook.pytest_oam_register_rules(rules=rules)
+    disabled = tuple(config.getini("oam_disable_rules"))
+    try:
+        thresholds = parse_rule_thresholds(config.getini("oam_rule_thresholds"))
+    except ValueError as exc:
+        raise _usage(str(exc)) from None
+    unknown = sorted((set(disabled) | set(thresholds)) - set(rules))
+    if unknown:
+        raise _usage(f"oam_disable_rules / oam_rule_thresholds: unknown diagnosis rule "
+                     f"{', '.join(map(repr, unknown))}; known: {', '.join(sorted(rules))}")
+    for rule_id, values in thresholds.items():
+        bad = sorted(set(values) - set(rules[rule_id].thresholds))
+        if bad:
+            raise _usage(f"oam_rule_thresholds: rule {rule_id!r} has no threshold {', '.join(map(repr, bad))}; "
+                         f"its thresholds: {', '.join(sorted(rules[rule_id].thresholds)) or 'none'}")
+    return rules, disabled, thresholds
 
 
 @dataclass(frozen=True)
@@ -420,7 +448,16 @@ class OamSession:
         from .baseline import BaselineFile
         from .compare import compare_run, summarize, worst_status
         from .diagnosis import diagnose
-        from .report import FindingReport, GateReport, RunReport, TopOp, VerdictReport, failure_text
+        from .report import (
+            DiagnosisReport,
+            FindingReport,
+            GateReport,
+            RunReport,
+            TopOp,
+            VerdictReport,
+            failure_text,
+        )
+        from .rules import run_rules
         from .thresholds import STEP_ROW, LimitResolver
 
         marker = marker_settings(item)
@@ -429,6 +466,7 @@ class OamSession:
         gating = self.settings.baseline_dir is not None
         n_base = len(baseline.runs) if baseline is not None else 0
         runs, verdicts, findings, statuses, parts, notes, summaries = [], [], [], [], [], [], []
+        diagnosis: list[DiagnosisReport] = []
         op_types: set[str] = {STEP_ROW}
         matched = match_runs(baseline.runs if baseline is not None else [],
                              [p.workload_fingerprint for p in profiler.profiles])
@@ -442,6 +480,16 @@ class OamSession:
                 if gating:
                     status = "missing-ops"
             summaries.append(current)
+            from simulator.hardware import load_hardware
+
+            diagnosis += [
+                DiagnosisReport(run=i, rule_id=f.rule_id, severity=f.severity, op_type=f.op_type, op_name=f.op_name,
+                                location=self._display_site(f.location) if f.location else None,
+                                description=f.description, fix=f.fix, gain_s=f.gain_s,
+                                step_share_frac=f.step_share_frac)
+                for f in run_rules(profile, load_hardware(profile.hardware), disabled=self.settings.disabled_rules,
+                                   thresholds=self.settings.rule_thresholds, rules=self.settings.rules)
+            ]
             step_s = profile.step_time_s if not profile.is_empty else 0.0
             if current is not None:
                 op_types.update(current.ops)
@@ -494,13 +542,19 @@ class OamSession:
                          + " (op types are case-sensitive: " + ", ".join(sorted(op_types)) + ")")
         path = self._display(profiler.baseline_path) if profiler.baseline_path else None
         compared_nothing = any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiler.profiles)
-        failed = self.settings.fails(status, compared_nothing)
+        fatal = [d for d in diagnosis if d.severity == "fatal"]
+        failed = self.settings.fails(status, compared_nothing) or bool(fatal)
         report = GateReport(nodeid=item.nodeid, status=status, failed=failed, baseline_path=path,
-                            message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings)
+                            message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,
+                            diagnosis=diagnosis)
         result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
         if self.settings.save_dir is not None and summaries and all(s is not None for s in summaries):
             result["baseline"] = BaselineFile(nodeid=item.nodeid, runs=summaries).model_dump(mode="json")
         text = failure_text(item.nodeid, status, path, parts, notes) if failed else None
+        if fatal:
+            from .report import diagnosis_text
+
+            text = (text + "\n\n" if text else "") + diagnosis_text(fatal)
         return result, text
 
     @pytest.hookimpl(wrapper=True)
@@ -532,6 +586,10 @@ class OamSession:
             return report
         result["test_passed"] = report.passed
         report.oam_gate = result
+        for d in result["report"].get("diagnosis", []):  # JUnit XML <property> entries (read at teardown)
+            item.user_properties.append(
+                ("oam_finding", f"{d['severity']} {d['rule_id']} {d['op_type']} at {d['location'] or '-'}: "
+                                f"{d['description']}"))
         if text is not None:
             self._fail(report, text)
         return report
@@ -632,6 +690,14 @@ class OamSession:
                 for run in t.runs:
                     for reason in run.reasons:
                         tr.write_line(f"    {reason}", **color)
+        diagnosed = [t for t in tests if t.diagnosis]
+        if diagnosed:
+            from .report import diagnosis_text
+
+            tr.write_sep("-", "oam diagnosis")
+            for t in diagnosed:
+                tr.write_line(t.nodeid)
+                tr.write_line(diagnosis_text(t.diagnosis, indent="    "))
         if self.written:
             folder = self.settings.save_dir
             noun = "baseline" if len(self.written) == 1 else "baselines"

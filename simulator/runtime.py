@@ -154,7 +154,7 @@ class NPU:
         self.memory = bool(memory or allocator is not None)
         self.allocator = NpuCachingAllocator(hardware, allocator) if self.memory else None
         self._pending_stall_s = 0.0
-        self._pending_allocs = 0
+        self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
         self._step_memory = _StepMemoryTally()
         self._memory_steps: list[StepMemory] = []
         self._finalizers: dict[int, weakref.finalize] = {}
@@ -216,6 +216,9 @@ class NPU:
         else:
             self._pending_stall_s += stall
             self._pending_allocs += 1
+            self._pending_retries += int(event.alloc_retried)
+            self._pending_device_frees += event.device_frees
+            self._pending_device_mallocs += event.device_mallocs
         return tensor
 
     def _release(self, handle: Allocation, key: int) -> None:
@@ -243,7 +246,9 @@ class NPU:
             self._cost_cache[spec] = cost
         scale = self._scale.get(op_type, 1.0)
         stall_s, allocs = self._pending_stall_s, self._pending_allocs
-        self._pending_stall_s, self._pending_allocs = 0.0, 0
+        retries, frees, mallocs = self._pending_retries, self._pending_device_frees, self._pending_device_mallocs
+        self._pending_stall_s = 0.0
+        self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
         duration_s = cost.duration_s * scale + stall_s
         hbm_util = (
             cost.hbm_bytes / duration_s / self.hardware.memory.hbm_bandwidth_bytes_per_s
@@ -283,9 +288,9 @@ class NPU:
             comm=comm,
             alloc_stall_s=stall_s,
             alloc_count=allocs,
-            alloc_retries=0,
-            device_frees=0,
-            device_mallocs=0,
+            alloc_retries=retries,
+            device_frees=frees,
+            device_mallocs=mallocs,
             overlapped_s=cost.overlapped_s * scale,
             overlappable_s=cost.overlappable_s * scale,
             overlap_frac=_overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if stream == "compute" else None,

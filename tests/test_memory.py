@@ -41,7 +41,7 @@ def test_a_device_malloc_stalls_the_op_that_needed_it() -> None:
     (add,) = tracked.ops_of("Add")
     assert add.alloc_stall_s == pytest.approx(2 * malloc_s)
     assert add.duration_s == pytest.approx(base.ops_of("Add")[0].duration_s + 2 * malloc_s)
-    assert add.device_mallocs == 1  # the output's; the input's malloc came before the op
+    assert add.device_mallocs == 2  # the input's (made just before the op) and the output's
     assert add.overlap_frac < base.ops_of("Add")[0].overlap_frac
 
 

@@ -1,0 +1,369 @@
+"""Diagnosis rules: pure functions over a profile that find problems without a baseline.
+
+Each rule reads a :class:`RuleContext` (the profile, the hardware, the rule's thresholds) and
+returns :class:`RuleFinding` objects: rule id, severity, op, location in the user's code,
+evidence, what to do and the time a fix would save. Performance findings are graded by that
+gain as a share of the step time (:data:`SERIOUS_STEP_FRAC`, :data:`WARNING_STEP_FRAC`);
+smaller ones are not reported, so a healthy run stays quiet. Every threshold lives in its
+rule's ``thresholds`` and can be changed per project (ini ``oam_rule_thresholds``); rules can
+be switched off (``oam_disable_rules``); projects add their own with :func:`rule` or the
+``pytest_oam_register_rules`` hook. A rule that raises becomes an ``internal-error`` finding
+naming it, and the other rules still run.
+
+Like the comparison, this module imports neither pytest nor the simulator runtime.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from simulator.hardware import HardwareSpec
+from simulator.profile import OpRecord, Profile
+
+from .diagnosis import memory_bound, shape_findings
+
+Severity = Literal["fatal", "serious", "warning"]
+#: A performance finding whose fix would save at least this share of the step is serious...
+SERIOUS_STEP_FRAC = 0.05
+#: ... and at least this share a warning; below it, it is not reported.
+WARNING_STEP_FRAC = 0.03
+
+
+@dataclass(frozen=True)
+class RuleFinding:
+    """One problem a rule found. Times in seconds per step."""
+
+    rule_id: str
+    severity: Severity
+    op_type: str
+    op_name: str
+    location: str | None
+    description: str
+    fix: str
+    gain_s: float
+    step_share_frac: float
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule reads: the profile, the card, and the rule's thresholds."""
+
+    profile: Profile
+    hardware: HardwareSpec
+    thresholds: Mapping[str, float]
+
+    @property
+    def step_time_s(self) -> float:
+        return self.profile.step_time_s if not self.profile.is_empty else 0.0
+
+    def step0_ops(self) -> list[OpRecord]:
+        """The records of one representative step (the last, after any warm-up)."""
+        last = self.profile.steps - 1
+        return [op for op in self.profile.ops if op.step == last]
+
+
+RuleFunction = Callable[[RuleContext], Iterable[RuleFinding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    title: str
+    function: RuleFunction
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+
+#: Every rule by id. Add to it with :func:`rule` (or the ``pytest_oam_register_rules`` hook).
+RULES: dict[str, Rule] = {}
+
+
+def rule(rule_id: str, title: str, **thresholds: float) -> Callable[[RuleFunction], RuleFunction]:
+    """Register a rule function under ``rule_id`` with its default thresholds.
+
+    Raises:
+        ValueError: the id is taken.
+    """
+
+    def register(function: RuleFunction) -> RuleFunction:
+        if rule_id in RULES:
+            raise ValueError(f"a diagnosis rule {rule_id!r} is already registered")
+        RULES[rule_id] = Rule(rule_id, title, function, dict(thresholds))
+        return function
+
+    return register
+
+
+def grade(gain_s: float, step_s: float) -> Severity | None:
+    """Severity of a performance finding by its gain's share of the step (``None``: too small)."""
+    share = gain_s / step_s if step_s > 0 else 0.0
+    if share >= SERIOUS_STEP_FRAC:
+        return "serious"
+    if share >= WARNING_STEP_FRAC:
+        return "warning"
+    return None
+
+
+def _finding(ctx: RuleContext, rule_id: str, op: OpRecord, gain_s: float, description: str,
+             fix: str) -> RuleFinding | None:
+    severity = grade(gain_s, ctx.step_time_s)
+    if severity is None:
+        return None
+    return RuleFinding(rule_id, severity, op.op_type, op.name, op.source, description, fix, gain_s,
+                       gain_s / ctx.step_time_s)
+
+
+def _by_call_site(ops: Iterable[OpRecord]) -> dict[tuple[str, str | None], list[OpRecord]]:
+    groups: dict[tuple[str, str | None], list[OpRecord]] = defaultdict(list)
+    for op in ops:
+        groups[(op.op_type, op.source)].append(op)
+    return groups
+
+
+# -- performance rules ----------------------------------------------------------------------------
+
+
+@rule("slow-op", "Operator abnormally slow against others of its type and shape", factor=2.0, min_excess_s=20e-6)
+def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """An op call much slower than the median of the calls with the same type, shapes, dtype
+    and attributes in the same run (a straggling kernel, a stall before it)."""
+    groups: dict[tuple, list[OpRecord]] = defaultdict(list)
+    for op in ctx.profile.ops:
+        if op.stream == "compute":
+            key = (op.op_type, str(op.input_shapes), op.dtype, str(sorted(op.attrs.items())))
+            groups[key].append(op)
+    for ops in groups.values():
+        if len(ops) < 3:
+            continue
+        typical = statistics.median(op.duration_s for op in ops)
+        slow = [op for op in ops if op.duration_s > ctx.thresholds["factor"] * typical
+                and op.duration_s - typical >= ctx.thresholds["min_excess_s"]]
+        if not slow:
+            continue
+        worst = max(slow, key=lambda op: op.duration_s)
+        steps = sorted({op.step for op in slow})
+        excess_per_step = sum(op.duration_s - typical for op in slow) / max(1, len(steps))
+        stall = f"; it waited {worst.alloc_stall_s * 1e3:.2f} ms for memory" if worst.alloc_stall_s else ""
+        found = _finding(
+            ctx, "slow-op", worst, excess_per_step,
+            f"{len(slow)} of {len(ops)} calls take more than {ctx.thresholds['factor']:g}x the median "
+            f"{typical * 1e3:.3f} ms (worst {worst.duration_s * 1e3:.3f} ms in step {worst.step}{stall}); "
+            f"steps {', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''}",
+            "look at what runs just before the slow calls (memory allocation, synchronisation, "
+            "another stream) and compare a slow step with a normal one",
+        )
+        if found:
+            yield found
+
+
+@rule("low-ai-core-utilization", "Low AI Core utilisation: no pipe busy", busy_frac=0.8, min_duration_s=20e-6)
+def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Compute ops longer than ``min_duration_s`` whose busiest pipe (mac, vec, mte2 ratios)
+    stays at or below ``busy_frac``: the cores wait; the shape findings say why."""
+    for (_, _), ops in _by_call_site(op for op in ctx.step0_ops() if op.stream == "compute").items():
+        op = max(ops, key=lambda o: o.duration_s)
+        busiest = max(op.mac_ratio, op.vec_ratio, op.mte2_ratio)
+        if op.duration_s < ctx.thresholds["min_duration_s"] or busiest > ctx.thresholds["busy_frac"]:
+            continue
+        gain = sum(o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)) for o in ops)
+        reasons = shape_findings(op, ctx.hardware)
+        found = _finding(
+            ctx, "low-ai-core-utilization", op, gain,
+            f"{op.op_type} {op.input_shapes}: busiest pipe {busiest * 100:.0f}% (mac_ratio {op.mac_ratio:.2f}, "
+            f"vec_ratio {op.vec_ratio:.2f}, mte2_ratio {op.mte2_ratio:.2f}) over {len(ops)} calls"
+            + (f"; {reasons[0]}" if reasons else ""),
+            "give the kernel more, better-shaped work: align the axes to the Cube tiles (16/128/256) "
+            "and size the work as a multiple of the AI Cores, or fuse it with its neighbours",
+        )
+        if found:
+            yield found
+
+
+def _memory_util_frac(op: OpRecord, hw: HardwareSpec) -> float:
+    """The busier of HBM and L2 as a share of its bandwidth (every read crosses L2)."""
+    if op.duration_s <= 0:
+        return 0.0
+    l2 = (op.hbm_bytes + op.l2_bytes) / op.duration_s / hw.memory.l2_bandwidth_bytes_per_s
+    return max(op.hbm_bandwidth_util_frac, l2)
+
+
+@rule("memory-bound", "Memory-bound op with memory bandwidth to spare", bandwidth_util_frac=0.6,
+      min_duration_s=20e-6)
+def memory_bound_op(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Ops with ``memory_bound`` > 1 (msprof: mte2_ratio / max(mac_ratio, vec_ratio)) whose
+    busier memory level (HBM or L2) still runs below ``bandwidth_util_frac`` of its bandwidth:
+    the DMA queue is busy with small or unaligned transfers, not with bytes."""
+    target = ctx.thresholds["bandwidth_util_frac"]
+    for ops in _by_call_site(op for op in ctx.step0_ops() if op.stream == "compute").values():
+        op = max(ops, key=lambda o: o.duration_s)
+        bound = memory_bound(op.mte2_ratio, op.mac_ratio, op.vec_ratio)
+        util = _memory_util_frac(op, ctx.hardware)
+        if op.duration_s < ctx.thresholds["min_duration_s"] or bound <= 1 or util >= target:
+            continue
+        gain = sum(o.duration_s * (1 - _memory_util_frac(o, ctx.hardware) / target) for o in ops)
+        found = _finding(
+            ctx, "memory-bound", op, gain,
+            f"{op.op_type} {op.input_shapes}: memory_bound {bound:.2f} but memory bandwidth at "
+            f"{util * 100:.0f}% of peak, {op.dma_count} DMA transfers over {len(ops)} calls",
+            "move more bytes per DMA transfer (larger tiles, 512-byte aligned rows) or fuse the op with "
+            "its producer so the data stays on chip",
+        )
+        if found:
+            yield found
+
+
+@rule("low-overlap", "DMA and compute not overlapped", overlap_frac=0.5, min_duration_s=20e-6)
+def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Ops whose DMA/compute overlap (``overlap_frac``: the share of the time the kernel's units
+    could have worked at once in which they did, stalls for memory counting as lost) is below
+    ``overlap_frac``."""
+    for ops in _by_call_site(op for op in ctx.profile.ops if op.overlap_frac is not None).values():
+        low = [o for o in ops if o.overlap_frac < ctx.thresholds["overlap_frac"]
+               and o.duration_s >= ctx.thresholds["min_duration_s"]]
+        if not low:
+            continue
+        op = min(low, key=lambda o: o.overlap_frac)
+        steps = sorted({o.step for o in low})
+        lost = sum(o.alloc_stall_s + (o.overlappable_s - o.overlapped_s) for o in low) / len(steps)
+        normal = [o.overlap_frac for o in ops if o not in low]
+        was = f" (other calls {statistics.median(normal) * 100:.0f}%)" if normal else ""
+        found = _finding(
+            ctx, "low-overlap", op, lost,
+            f"{op.op_type}: DMA/compute overlap {op.overlap_frac * 100:.0f}%{was} in steps "
+            f"{', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''}"
+            + (f"; it waited {op.alloc_stall_s * 1e3:.2f} ms for memory ({op.device_frees} device frees, "
+               f"{op.device_mallocs} mallocs, {op.alloc_retries} allocation retries)" if op.alloc_stall_s else ""),
+            "raise pipeline_stages so DMA runs ahead of compute; if the op waited for memory, pre-allocate "
+            "its buffers (a reserved pool) or enable expandable_segments",
+        )
+        if found:
+            yield found
+
+
+@rule("frequent-alloc", "Frequent allocation and free, allocation retries", alloc_time_s=10e-3)
+def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Steps whose allocator time exceeds ``alloc_time_s`` (msprof-analyze advisor's 10 ms mark)
+    or that retried an allocation after flushing the cache (a device synchronisation)."""
+    memory = ctx.profile.memory
+    bad = [m for m in memory if m.alloc_time_s > ctx.thresholds["alloc_time_s"] or m.alloc_retries]
+    if not bad:
+        return
+    stalled = [op for op in ctx.profile.ops if op.alloc_retries]
+    worst_op = max(stalled, key=lambda o: o.alloc_stall_s) if stalled else None
+    gain = sum(m.alloc_time_s for m in bad) / len(memory) + sum(o.alloc_stall_s for o in stalled) / len(memory)
+    period = ""
+    retry_steps = [m.step for m in bad if m.alloc_retries]
+    if len(retry_steps) > 1:
+        period = f", about every {statistics.median(b - a for a, b in zip(retry_steps, retry_steps[1:])):g} steps"
+    anchor = worst_op or OpRecord.model_construct(op_type="-", name="-", source=None)
+    severity = grade(gain, ctx.step_time_s) or ("warning" if retry_steps else None)
+    if severity is None:
+        return
+    yield RuleFinding(
+        "frequent-alloc", severity, anchor.op_type, anchor.name, anchor.source,
+        f"{len(bad)} of {len(memory)} steps spend over {ctx.thresholds['alloc_time_s'] * 1e3:g} ms allocating "
+        f"or retried an allocation (retries in steps {', '.join(map(str, retry_steps[:8]))}{period}); "
+        f"peak reserved {max(m.reserved_peak_bytes for m in memory) / 2**30:.2f} GiB, fragmentation up to "
+        f"{max(m.inactive_split_bytes for m in memory) / 2**20:.0f} MiB in split blocks",
+        "reuse buffers across steps: pre-allocate a pool for tensors whose size changes every step, "
+        "set PYTORCH_NPU_ALLOC_CONF=expandable_segments:True, or pad sizes to a few buckets",
+        gain, gain / ctx.step_time_s if ctx.step_time_s else 0.0,
+    )
+
+
+@rule("comm-share", "Communication not overlapped with compute", share_frac=0.2, small_message_bytes=1 << 20)
+def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Collectives that take more than ``share_frac`` of the step on the critical path, with
+    their algorithm bandwidth, and many small messages (below ``small_message_bytes``)."""
+    comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.comm is not None]
+    for (op_type, _), ops in _by_call_site(comm).items():
+        total = sum(o.duration_s for o in ops)
+        if ctx.step_time_s <= 0 or total / ctx.step_time_s < ctx.thresholds["share_frac"]:
+            continue
+        op = max(ops, key=lambda o: o.duration_s)
+        small = sum(1 for o in ops if o.comm.bytes < ctx.thresholds["small_message_bytes"])
+        found = _finding(
+            ctx, "comm-share", op, total,
+            f"{len(ops)} {op_type} calls take {total * 1e3:.2f} ms per step ({total / ctx.step_time_s * 100:.0f}%), "
+            f"none hidden behind compute; {op.comm.algorithm} at {op.comm.busbw_bytes_per_s / 1e9:.1f} GB/s bus "
+            f"bandwidth" + (f"; {small} messages under {ctx.thresholds['small_message_bytes'] / 2**20:g} MiB" if small else ""),
+            "overlap communication with compute (gradient buckets during backward), fuse small messages "
+            "into larger buckets, or keep the group inside one HCCS mesh",
+        )
+        if found:
+            yield found
+
+
+# -- running the rules ---------------------------------------------------------------------------
+
+
+def run_rules(
+    profile: Profile,
+    hardware: HardwareSpec,
+    *,
+    disabled: Iterable[str] = (),
+    thresholds: Mapping[str, Mapping[str, float]] | None = None,
+    rules: Mapping[str, Rule] | None = None,
+) -> list[RuleFinding]:
+    """Every enabled rule over ``profile``, findings ordered by gain (fatal first).
+
+    ``thresholds`` overrides defaults per rule id (``{"slow-op": {"factor": 3}}``). A rule
+    that raises yields an ``internal-error`` finding naming it; the others still run.
+
+    Raises:
+        ValueError: an unknown rule id in ``disabled`` or ``thresholds``, or an unknown
+            threshold name (the message lists the choices).
+    """
+    registry = RULES if rules is None else rules
+    off = set(disabled)
+    overrides = dict(thresholds or {})
+    unknown = sorted((off | set(overrides)) - set(registry))
+    if unknown:
+        raise ValueError(f"unknown diagnosis rule {', '.join(map(repr, unknown))}; known: {', '.join(sorted(registry))}")
+    findings: list[RuleFinding] = []
+    if profile.is_empty:
+        return findings
+    for rule_id, spec in registry.items():
+        if rule_id in off:
+            continue
+        values = dict(spec.thresholds)
+        for name, value in overrides.get(rule_id, {}).items():
+            if name not in values:
+                raise ValueError(f"rule {rule_id!r} has no threshold {name!r}; its thresholds: "
+                                 f"{', '.join(sorted(values)) or 'none'}")
+            values[name] = float(value)
+        try:
+            findings.extend(f for f in spec.function(RuleContext(profile, hardware, values)) if f is not None)
+        except Exception as exc:  # noqa: BLE001 - a broken rule must not take the session down
+            findings.append(RuleFinding(
+                "internal-error", "warning", "-", "-", None,
+                f"diagnosis rule {rule_id!r} raised {type(exc).__name__}: {exc}",
+                f"report this rule's failure to its author, or switch it off with oam_disable_rules = {rule_id}",
+                0.0, 0.0))
+    order = {"fatal": 0, "serious": 1, "warning": 2}
+    findings.sort(key=lambda f: (order[f.severity], -f.gain_s))
+    return findings
+
+
+def parse_rule_thresholds(lines: Iterable[str]) -> dict[str, dict[str, float]]:
+    """ini ``oam_rule_thresholds`` lines ``slow-op.factor = 3`` -> ``{"slow-op": {"factor": 3.0}}``.
+
+    Raises:
+        ValueError: a line not of the form RULE.NAME = NUMBER.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for line in lines:
+        key, sep, value = line.partition("=")
+        rule_id, dot, name = key.strip().rpartition(".")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not sep or not dot or not rule_id or not name or number is None:
+            raise ValueError(f"oam_rule_thresholds: {line!r} is not of the form RULE.NAME = NUMBER "
+                             "(e.g. slow-op.factor = 3)")
+        out.setdefault(rule_id, {})[name.strip()] = number
+    return out

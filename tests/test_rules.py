@@ -1,0 +1,211 @@
+"""Diagnosis rules: each fires on a workload built to show it, stays silent on a healthy one,
+and names the rule, severity, operator and the line of user code."""
+
+from __future__ import annotations
+
+import pytest
+
+import simulator
+from pytest_oam.rules import RULES, Rule, parse_rule_thresholds, run_rules
+from simulator.hardware import load_hardware
+from simulator.models import LLAMA2_7B, training_step
+from simulator.units import GiB
+
+A910 = load_hardware("ascend910")
+HERE = __file__.rsplit("/", 1)[-1]
+
+
+def findings(workload, hardware="ascend910", **kwargs):
+    profile = simulator.run(workload, hardware=hardware, **kwargs)
+    return run_rules(profile, load_hardware(hardware)), profile
+
+
+def only(found, rule_id):
+    hits = [f for f in found if f.rule_id == rule_id]
+    assert len(hits) == 1, found
+    return hits[0]
+
+
+def healthy(npu):
+    npu.matmul(npu.tensor((4096, 4096)), npu.tensor((4096, 4096)))
+
+
+def test_healthy_runs_are_quiet() -> None:
+    assert findings(healthy)[0] == []
+    # Llama-2-7B training steps on both servers, memory tracked: no finding at all.
+    for hw in ("ascend910", "ascend910b"):
+        profile = simulator.run(training_step, LLAMA2_7B, devices=8, steps=2, hardware=hw, memory=True)
+        assert run_rules(profile, load_hardware(hw)) == []
+
+
+def test_slow_op() -> None:
+    def work(npu):
+        q = npu.tensor((1, 8, 2048, 128))
+        npu.flash_attention(q, q, q)  # line asserted below
+
+    profile = simulator.run(work, steps=6)
+    ops = [op.model_copy(update={"duration_s": op.duration_s * 4}) if op.step == 3 else op for op in profile.ops]
+    slow = profile.model_copy(update={"ops": ops})
+    f = only(run_rules(slow, A910), "slow-op")
+    assert (f.severity, f.op_type) == ("serious", "FlashAttention")
+    assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 2}")
+    assert "1 of 6 calls" in f.description and "step 3" in f.description
+    assert run_rules(profile, A910) == []
+
+
+def test_low_ai_core_utilization_and_memory_bound() -> None:
+    def work(npu):
+        npu.matmul(npu.tensor((64, 40)), npu.tensor((40, 32768)))  # K=40: padding; few, thin tiles
+
+    found, _ = findings(work)
+    low = only(found, "low-ai-core-utilization")
+    assert low.severity == "serious" and low.op_type == "MatMul"
+    assert "K = 40 is not a multiple of 16" in low.description or "blocks for 32 AI Cores" in low.description
+    bound = only(found, "memory-bound")
+    assert "memory_bound" in bound.description and bound.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 1}")
+
+
+def test_low_overlap() -> None:
+    def work(npu):
+        q = npu.tensor((1, 8, 4096, 128))
+        npu.flash_attention(q, q, q, pipeline_stages=1)  # one buffer: DMA never runs ahead
+
+    f = only(findings(work)[0], "low-overlap")
+    assert f.severity == "serious" and "overlap 0%" in f.description
+    assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 2}")
+
+
+def test_frequent_alloc_and_retries() -> None:
+    def work(npu, sizes=iter([20, 25])):
+        big = npu.tensor((next(sizes), GiB // 2))  # 20 GiB, then 25 GiB: the cached 20 GiB must go
+        small = npu.tensor((1024, 1024))
+        npu.add(small, small)  # the flush stalls this op
+        del big
+
+    found, profile = findings(work, steps=2, memory=True)
+    f = only(found, "frequent-alloc")
+    assert "retries in steps 1" in f.description
+    assert f.severity in ("serious", "warning") and f.op_type == "Add"
+    assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 3}")
+    assert [m.alloc_retries for m in profile.memory] == [0, 1]
+
+
+def test_comm_share() -> None:
+    def work(npu):
+        npu.all_reduce(npu.tensor((64 << 20,)))  # 128 MiB over 8 cards
+        npu.matmul(npu.tensor((4096, 4096)), npu.tensor((4096, 4096)))
+
+    f = only(findings(work, devices=8)[0], "comm-share")
+    assert f.op_type == "AllReduce" and f.severity == "serious" and "hierarchical-mesh-ring" in f.description
+
+
+def test_a_rule_that_raises_is_reported_and_the_others_still_run() -> None:
+    def broken(ctx):
+        raise ZeroDivisionError("boom")
+
+    rules = {**RULES, "broken": Rule("broken", "a broken rule", broken)}
+
+    def work(npu):
+        q = npu.tensor((1, 8, 4096, 128))
+        npu.flash_attention(q, q, q, pipeline_stages=1)
+
+    found = run_rules(simulator.run(work), A910, rules=rules)
+    (error,) = [f for f in found if f.rule_id == "internal-error"]
+    assert "diagnosis rule 'broken' raised ZeroDivisionError: boom" in error.description
+    assert any(f.rule_id == "low-overlap" for f in found)
+
+
+def test_switches_and_thresholds() -> None:
+    def work(npu):
+        q = npu.tensor((1, 8, 4096, 128))
+        npu.flash_attention(q, q, q, pipeline_stages=1)
+
+    profile = simulator.run(work)
+    assert not [f for f in run_rules(profile, A910, disabled=["low-overlap"]) if f.rule_id == "low-overlap"]
+    assert not [f for f in run_rules(profile, A910, thresholds={"low-overlap": {"overlap_frac": 0.0}})
+                if f.rule_id == "low-overlap"]
+    with pytest.raises(ValueError, match="unknown diagnosis rule 'slow-opp'; known: "):
+        run_rules(profile, A910, disabled=["slow-opp"])
+    with pytest.raises(ValueError, match="rule 'slow-op' has no threshold 'factr'; its thresholds: factor, min_excess_s"):
+        run_rules(profile, A910, thresholds={"slow-op": {"factr": 3}})
+    assert parse_rule_thresholds(["slow-op.factor = 3", "low-overlap.overlap_frac=0.3"]) == {
+        "slow-op": {"factor": 3.0}, "low-overlap": {"overlap_frac": 0.3}}
+    with pytest.raises(ValueError, match="'slow-op = 3' is not of the form RULE.NAME = NUMBER"):
+        parse_rule_thresholds(["slow-op = 3"])
+
+
+# -- in the plugin ------------------------------------------------------------------------------
+
+PLUGIN_SUITE = """
+def work(npu):
+    q = npu.tensor((1, 8, 4096, 128))
+    npu.flash_attention(q, q, q, pipeline_stages=1)
+
+def test_fa(oam_profile):
+    oam_profile.run(work)
+
+def test_healthy(oam_profile):
+    oam_profile.run(lambda npu: npu.matmul(npu.tensor((4096, 4096)), npu.tensor((4096, 4096))))
+"""
+
+
+def test_plugin_reports_findings_everywhere(pytester) -> None:
+    import json
+
+    pytester.makepyfile(test_suite=PLUGIN_SUITE)
+    result = pytester.runpytest("--oam-report=r.json", "--oam-report=r.md", "--junitxml=j.xml")
+    result.assert_outcomes(passed=2)  # performance findings never fail a test by themselves
+    result.stdout.fnmatch_lines([
+        "*oam diagnosis*", "test_suite.py::test_fa",
+        "*[[]serious[]] low-overlap: FlashAttention at test_suite.py:3: FlashAttention: DMA/compute overlap 0%*",
+        "*what to do: raise pipeline_stages*",
+    ])
+    assert "test_suite.py::test_healthy\n" not in result.stdout.str()
+    report = json.loads((pytester.path / "r.json").read_text())
+    by_test = {t["nodeid"]: t["diagnosis"] for t in report["tests"]}
+    assert {d["rule_id"] for d in by_test["test_suite.py::test_fa"]} >= {"low-overlap"}
+    assert by_test["test_suite.py::test_healthy"] == []
+    assert "### Diagnosis" in (pytester.path / "r.md").read_text()
+    assert 'name="oam_finding" value="serious low-overlap FlashAttention at test_suite.py:3' in (
+        pytester.path / "j.xml").read_text()
+
+
+def test_ini_switches_thresholds_and_hook_rules(pytester) -> None:
+    pytester.makepyfile(test_suite=PLUGIN_SUITE)
+    pytester.makeini("[pytest]\noam_disable_rules = low-ai-core-utilization\n"
+                     "oam_rule_thresholds =\n    low-overlap.overlap_frac = 0\n")
+    pytester.makeconftest("""
+from pytest_oam.rules import Rule, RuleFinding
+
+def shout(ctx):
+    yield RuleFinding("team-rule", "warning", "MatMul", "MatMul", None, "our own rule fired", "nothing", 0.0, 0.0)
+
+def broken(ctx):
+    raise RuntimeError("bad rule")
+
+def pytest_oam_register_rules(rules):
+    rules["team-rule"] = Rule("team-rule", "a team's rule", shout)
+    rules["broken-rule"] = Rule("broken-rule", "a broken rule", broken)
+""")
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert "low-overlap" not in out and "low-ai-core-utilization" not in out
+    assert "[warning] team-rule: MatMul: our own rule fired" in out
+    assert "diagnosis rule 'broken-rule' raised RuntimeError: bad rule" in out
+
+
+@pytest.mark.parametrize(
+    ("ini", "message"),
+    [
+        ("oam_disable_rules = slow-opp", "unknown diagnosis rule 'slow-opp'; known: "),
+        ("oam_rule_thresholds = slow-op.factr = 3", "rule 'slow-op' has no threshold 'factr'; its thresholds: "),
+        ("oam_rule_thresholds = slow-op = 3", "is not of the form RULE.NAME = NUMBER"),
+    ],
+)
+def test_bad_rule_settings_are_usage_errors(pytester, ini, message) -> None:
+    pytester.makepyfile(test_suite=PLUGIN_SUITE)
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
