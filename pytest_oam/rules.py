@@ -15,6 +15,7 @@ Like the comparison, this module imports neither pytest nor the simulator runtim
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -163,7 +164,7 @@ def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
 def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Compute ops longer than ``min_duration_s`` whose busiest pipe (mac, vec, mte2 ratios)
     stays at or below ``busy_frac``: the cores wait; the shape findings say why."""
-    for (_, _), ops in _by_call_site(op for op in ctx.step0_ops() if op.stream == "compute").items():
+    for ops in _by_call_site(op for op in ctx.step0_ops() if op.stream == "compute").values():
         op = max(ops, key=lambda o: o.duration_s)
         busiest = max(op.mac_ratio, op.vec_ratio, op.mte2_ratio)
         if op.duration_s < ctx.thresholds["min_duration_s"] or busiest > ctx.thresholds["busy_frac"]:
@@ -257,7 +258,7 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
     period = ""
     retry_steps = [m.step for m in bad if m.alloc_retries]
     if len(retry_steps) > 1:
-        period = f", about every {statistics.median(b - a for a, b in zip(retry_steps, retry_steps[1:])):g} steps"
+        period = f", about every {statistics.median(b - a for a, b in itertools.pairwise(retry_steps)):g} steps"
     anchor = worst_op or OpRecord.model_construct(op_type="-", name="-", source=None)
     severity = grade(gain, ctx.step_time_s) or ("warning" if retry_steps else None)
     if severity is None:

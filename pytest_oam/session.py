@@ -588,8 +588,8 @@ class OamSession:
         report.oam_gate = result
         for d in result["report"].get("diagnosis", []):  # JUnit XML <property> entries (read at teardown)
             item.user_properties.append(
-                ("oam_finding", f"{d['severity']} {d['rule_id']} {d['op_type']} at {d['location'] or '-'}: "
-                                f"{d['description']}"))
+                ("oam_finding", (f"{d['severity']} {d['rule_id']} {d['op_type']} at {d['location'] or '-'}: "
+                                f"{d['description']}")))
         if text is not None:
             self._fail(report, text)
         return report

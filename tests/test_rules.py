@@ -76,7 +76,9 @@ def test_low_overlap() -> None:
 
 
 def test_frequent_alloc_and_retries() -> None:
-    def work(npu, sizes=iter([20, 25])):
+    sizes = iter([20, 25])
+
+    def work(npu):
         big = npu.tensor((next(sizes), GiB // 2))  # 20 GiB, then 25 GiB: the cached 20 GiB must go
         small = npu.tensor((1024, 1024))
         npu.add(small, small)  # the flush stalls this op
