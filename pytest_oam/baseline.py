@@ -67,6 +67,9 @@ class RunBaseline(BaseModel):
     )
     step_time_max_s: PositiveFloat | None = Field(default=None, description="Slowest step")
     tokens_per_step: int | None = Field(default=None, ge=1)
+    memory_reserved_peak_bytes: int | None = Field(default=None, ge=0, description="Runs with memory=True")
+    memory_allocated_peak_bytes: int | None = Field(default=None, ge=0)
+    alloc_time_s: NonNegativeFloat | None = Field(default=None, description="Allocator time per step, median")
     ops: dict[OpType, OpStats] = Field(min_length=1)
 
 

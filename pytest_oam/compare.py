@@ -8,13 +8,14 @@ This module imports neither pytest nor the simulator runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
 from simulator.profile import Profile
 
 from .baseline import OpStats, RunBaseline
-from .thresholds import STEP_ROW, LimitResolver
+from .thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
 
 #: Gate statuses of a profiled test, most severe first. ``not-gated``: profiled without
 #: ``--oam-baseline``, nothing compared.
@@ -107,6 +108,9 @@ def summarize(profile: Profile) -> RunBaseline:
         step_time_mean_s=statistics.fmean(profile.step_times_s),
         step_time_p99_s=tail_s(profile.step_times_s, profile.steps),
         step_time_max_s=max(profile.step_times_s),
+        memory_reserved_peak_bytes=max((m.reserved_peak_bytes for m in profile.memory), default=None),
+        memory_allocated_peak_bytes=max((m.allocated_peak_bytes for m in profile.memory), default=None),
+        alloc_time_s=statistics.median(m.alloc_time_s for m in profile.memory) if profile.memory else None,
         tokens_per_step=profile.tokens_per_step,
         ops=ops,
     )
@@ -124,6 +128,7 @@ class Verdict:
     limit_source: str
     status: str
     statistic: str = "median"  # which per-step statistic decided: median, mean over all steps, or p99
+    unit: str = "s"  # of baseline_s and current_s: "s", or "bytes" for the memory rows
 
 
 @dataclass(frozen=True)
@@ -204,6 +209,23 @@ def _verdict(
     return Verdict(op_type, b, c, c / b - 1.0, limit.frac, limit.source, status)
 
 
+def _memory_verdicts(baseline: RunBaseline, current: RunBaseline, resolver: LimitResolver) -> list[Verdict]:
+    """Peak memory and allocator time, when both runs tracked device memory."""
+    pairs = {
+        "memory.reserved_peak": (baseline.memory_reserved_peak_bytes, current.memory_reserved_peak_bytes, "bytes"),
+        "memory.allocated_peak": (baseline.memory_allocated_peak_bytes, current.memory_allocated_peak_bytes, "bytes"),
+        "alloc_time": (baseline.alloc_time_s, current.alloc_time_s, "s"),
+    }
+    out = []
+    for row in MEMORY_ROWS:
+        b, c, unit = pairs[row]
+        if b is None or c is None or b <= 0:
+            continue
+        v = _verdict(row, (float(b), float(b), None), (float(c), float(c), None), resolver)
+        out.append(dataclasses.replace(v, unit=unit))
+    return out
+
+
 def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolver: LimitResolver) -> RunComparison:
     """Compare one run with its baseline under the limits of ``resolver``."""
     def stats(run: RunBaseline, op_type: str) -> tuple[float, float] | None:
@@ -216,6 +238,7 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
     ]
     verdicts.append(_verdict(STEP_ROW, (baseline.step_time_s, baseline.step_time_mean_s, baseline.step_time_p99_s),
                              (current.step_time_s, current.step_time_mean_s, current.step_time_p99_s), resolver))
+    verdicts += _memory_verdicts(baseline, current, resolver)
     hard, workload = _identity_mismatches(baseline, current)
     reasons = hard + workload
     counters = {}

@@ -93,6 +93,21 @@ def _advice(
     return tips
 
 
+def _memory_finding(v) -> Finding:
+    """A regression of peak device memory or of allocator time."""
+    if v.unit == "bytes":
+        what = (f"peak {v.op_type.split('.')[1].replace('_peak', '')} memory grew {v.change_frac * 100:+.1f}% "
+                f"({v.baseline_s / 2**20:,.1f} -> {v.current_s / 2**20:,.1f} MiB)")
+        tip = ("find the tensors that live longer or grew (activations kept across steps, a cache that is never "
+               "freed); with little headroom left the caching allocator starts to flush and retry")
+    else:
+        what = f"time in the allocator per step grew {v.change_frac * 100:+.1f}%"
+        tip = ("more or different-sized allocations each step: reuse buffers, pre-allocate a pool for tensors "
+               "whose size changes every step, or enable expandable_segments")
+    return Finding(op_type=v.op_type, severity="major", delta_s=0.0, step_share_frac=0.0, counters=[],
+                   call_sites=[], advice=[f"{what}: {tip}"])
+
+
 def _call_sites(profile: Profile | None, op_type: str) -> list[tuple[str, float]]:
     if profile is None:
         return []
@@ -119,6 +134,9 @@ def diagnose(
     step_s = comparison.baseline_step_s
     for v in comparison.verdicts:
         if v.status != "regressed" or v.baseline_s is None or v.current_s is None or v.op_type == "step":
+            continue
+        if v.unit == "bytes" or v.op_type == "alloc_time":
+            findings.append(_memory_finding(v))
             continue
         delta = v.current_s - v.baseline_s
         share = delta / step_s if step_s > 0 else 0.0

@@ -38,6 +38,7 @@ class VerdictReport(BaseModel):
     limit_source: str
     status: Literal["pass", "regressed", "improved", "new", "missing"]
     statistic: Literal["median", "mean", "p99"] = Field(description="The per-step statistic that decided")
+    unit: Literal["s", "bytes"] = Field(default="s", description="Unit of baseline_s and current_s")
 
 
 class FindingReport(BaseModel):
@@ -128,6 +129,15 @@ def fmt_time(seconds: float | None) -> str:
     return f"{seconds * 1e6:.1f} us"
 
 
+def fmt_bytes(size: float | None) -> str:
+    if size is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.2f} {unit}"
+    return f"{size:.0f} B"
+
+
 def fmt_frac(frac: float | None, signed: bool = False) -> str:
     if frac is None:
         return "-"
@@ -151,8 +161,11 @@ def _verdict_label(status: str, statistic: str) -> str:
 
 def verdict_table(verdicts: Sequence[Verdict | VerdictReport], fmt: str = "simple") -> str:
     """The table of verdicts: op type, baseline, current, change, limit, verdict."""
+    def shown(value, unit):
+        return fmt_bytes(value) if unit == "bytes" else fmt_time(value)
+
     rows = [
-        (v.op_type, fmt_time(v.baseline_s), fmt_time(v.current_s), fmt_frac(v.change_frac, True),
+        (v.op_type, shown(v.baseline_s, v.unit), shown(v.current_s, v.unit), fmt_frac(v.change_frac, True),
          fmt_frac(v.limit_frac), _verdict_label(v.status, v.statistic))
         for v in verdicts
     ]
@@ -161,8 +174,14 @@ def verdict_table(verdicts: Sequence[Verdict | VerdictReport], fmt: str = "simpl
 
 
 def findings_text(findings: list[Finding]) -> str:
+    from .thresholds import MEMORY_ROWS
+
     lines = []
     for f in findings:
+        if f.op_type in MEMORY_ROWS:  # memory rows have no time of their own
+            lines.append(f"[{f.severity}] {f.op_type}")
+            lines.extend(f"    what to do: {tip}" for tip in f.advice)
+            continue
         lines.append(
             f"[{f.severity}] {f.op_type}: +{fmt_time(f.delta_s)} per step "
             f"({fmt_frac(f.step_share_frac)} of the baseline step time)"

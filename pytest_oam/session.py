@@ -458,7 +458,7 @@ class OamSession:
             failure_text,
         )
         from .rules import run_rules
-        from .thresholds import STEP_ROW, LimitResolver
+        from .thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
 
         marker = marker_settings(item)
         resolver = LimitResolver.build(marker.thresholds, self.settings.cli_thresholds, self.settings.ini_thresholds)
@@ -493,6 +493,8 @@ class OamSession:
             step_s = profile.step_time_s if not profile.is_empty else 0.0
             if current is not None:
                 op_types.update(current.ops)
+                if current.memory_reserved_peak_bytes is not None:
+                    op_types.update(MEMORY_ROWS)
                 top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
                 top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0)
                            for k, v in top]

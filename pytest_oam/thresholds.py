@@ -14,11 +14,15 @@ import math
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-#: Built-in limits: FlashAttention (forward and backward) 2%, everything else 10%.
-DEFAULT_THRESHOLDS: dict[str, float] = {"FlashAttention*": 0.02, "*": 0.10}
+#: Built-in limits: FlashAttention (forward and backward) 2%, peak device memory 5%,
+#: everything else 10%.
+DEFAULT_THRESHOLDS: dict[str, float] = {"FlashAttention*": 0.02, "memory.*": 0.05, "*": 0.10}
 
 #: The row that compares whole-step time; thresholds may name it like an op type.
 STEP_ROW = "step"
+#: Rows compared for runs that tracked device memory (``memory=True``): peak reserved and
+#: allocated bytes (limit ``memory.*``) and allocator time per step (limit ``*``).
+MEMORY_ROWS = ("memory.reserved_peak", "memory.allocated_peak", "alloc_time")
 
 
 class ThresholdError(ValueError):

@@ -80,3 +80,51 @@ def test_allocator_settings_as_a_conf_string() -> None:
 def test_memory_is_off_by_default() -> None:
     profile = simulator.run(lambda npu: npu.tensor((4, 4)))
     assert profile.memory == []
+
+
+def test_peak_memory_is_gated() -> None:
+    from pytest_oam.compare import compare_run, summarize
+    from pytest_oam.diagnosis import diagnose
+    from pytest_oam.report import verdict_table
+    from pytest_oam.thresholds import LimitResolver
+
+    def work(npu, extra_mib=0):
+        acts = [npu.tensor((1024, 1024)) for _ in range(8)]  # 8 x 2 MiB kept alive together
+        if extra_mib:
+            acts.append(npu.tensor((extra_mib, 512, 1024)))  # a tensor kept by mistake
+        npu.add(acts[0], acts[0])
+
+    base = summarize(simulator.run(work, memory=True))
+    grown = summarize(simulator.run(work, memory=True, extra_mib=4))
+    comparison = compare_run(0, base, grown, LimitResolver.build())
+    rows = {v.op_type: v for v in comparison.verdicts}
+    assert rows["memory.allocated_peak"].status == "regressed" and rows["memory.allocated_peak"].unit == "bytes"
+    assert rows["memory.allocated_peak"].limit_frac == 0.05
+    assert comparison.status == "regressed"
+    assert "MiB" in verdict_table(comparison.verdicts)
+    (finding,) = [f for f in diagnose(comparison) if f.op_type == "memory.allocated_peak"]
+    assert "peak allocated memory grew" in finding.advice[0]
+    # runs without memory tracking have no memory rows
+    plain = summarize(simulator.run(work))
+    assert not [v for v in compare_run(0, plain, plain, LimitResolver.build()).verdicts if v.op_type.startswith("memory")]
+
+
+def test_plugin_gates_peak_memory(pytester, monkeypatch) -> None:
+    pytester.makepyfile(test_mem="""
+import os
+
+def work(npu):
+    acts = [npu.tensor((1024, 1024)) for _ in range(8)]
+    if os.environ.get("LEAK"):
+        acts.append(npu.tensor((4, 512, 1024)))
+    npu.add(acts[0], acts[0])
+
+def test_memory(oam_profile):
+    oam_profile.run(work, memory=True)
+""")
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    monkeypatch.setenv("LEAK", "1")
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*memory.allocated_peak*18.00 MiB*22.00 MiB*+22.2%*5.0%*REGRESSED*",
+                                 "*peak allocated memory grew +22.2% (18.0 -> 22.0 MiB)*"])
