@@ -1019,6 +1019,12 @@ class NpuCachingAllocator:
                 if not block.is_split and not block.mapped:
                     pool.unmapped.remove(block)
                     self._segments.remove(block.segment)
+            # An expandable segment whose pages were never mapped (its first map failed for
+            # lack of memory) holds no memory; drop its virtual range too.
+            for block in list(pool.unmapped):
+                if block.segment.expandable and not block.is_split and block.segment in self._segments:
+                    pool.unmapped.remove(block)
+                    self._segments.remove(block.segment)
 
     def _release_available_cached_blocks(
         self, pool: _BlockPool, stream: int, size: int, tally: _Tally

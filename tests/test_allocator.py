@@ -608,3 +608,20 @@ def test_reserved_pool_never_calls_the_device(trace: list[int]) -> None:
         check_invariants(alloc, live)
     assert alloc.stats().num_device_alloc == 1
     assert alloc.stats().reserved_bytes == 8 * MiB
+
+
+def test_empty_cache_drops_an_expandable_segment_that_never_mapped() -> None:
+    # Regression (found by the trace property): on stream 0 a new expandable segment failed to
+    # map its first pages for lack of memory; its unmapped virtual range stayed listed after
+    # empty_cache although it holds no memory.
+    alloc = make(capacity_mib=128, **CONFIGS["expandable"])
+    live = []
+    for size, stream in ((10174433, 1), (36847073, 1), (36847585, 1), (20971489, 0)):
+        try:
+            live.append(alloc.alloc(size, stream=stream)[0])
+        except OutOfMemoryError:
+            pass
+    for handle in live:
+        alloc.free(handle)
+    alloc.empty_cache()
+    assert alloc.stats().reserved_bytes == 0 and alloc.snapshot() == []
