@@ -16,6 +16,7 @@ Like the comparison, this module imports neither pytest nor the simulator runtim
 from __future__ import annotations
 
 import itertools
+import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -28,6 +29,7 @@ from simulator.profile import OpRecord, Profile
 from .diagnosis import memory_bound, shape_findings
 
 Severity = Literal["fatal", "serious", "warning"]
+SEVERITY_ORDER = ("fatal", "serious", "warning")
 #: A performance finding whose fix would save at least this share of the step is serious...
 SERIOUS_STEP_FRAC = 0.05
 #: ... and at least this share a warning; below it, it is not reported.
@@ -59,7 +61,19 @@ class RuleContext:
 
     @property
     def step_time_s(self) -> float:
-        return self.profile.step_time_s if not self.profile.is_empty else 0.0
+        """Mean time of the warm steps (:attr:`warm_steps`): gains are averaged over the same
+        steps, so a gain's share of the step stays at most 100%."""
+        if self.profile.is_empty:
+            return 0.0
+        times = [t for step, t in enumerate(self.profile.step_times_s) if step in self.warm_steps]
+        return sum(times) / len(times) if times else 0.0
+
+    @property
+    def warm_steps(self) -> set[int]:
+        """The steps after the first when the run has several: the first warms the caching
+        allocator up (its device mallocs are expected), so stall rules skip it."""
+        steps = self.profile.steps
+        return set(range(1, steps)) if steps > 1 else {0}
 
     def step0_ops(self) -> list[OpRecord]:
         """The records of one representative step (the last, after any warm-up)."""
@@ -68,6 +82,8 @@ class RuleContext:
 
 
 RuleFunction = Callable[[RuleContext], Iterable[RuleFinding]]
+#: Ops whose overlap is below this are left to ``low-overlap`` by ``low-ai-core-utilization``.
+LOW_OVERLAP_FRAC = 0.5
 
 
 @dataclass(frozen=True)
@@ -132,8 +148,9 @@ def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
     """An op call much slower than the median of the calls with the same type, shapes, dtype
     and attributes in the same run (a straggling kernel, a stall before it)."""
     groups: dict[tuple, list[OpRecord]] = defaultdict(list)
+    warm = ctx.warm_steps
     for op in ctx.profile.ops:
-        if op.stream == "compute":
+        if op.stream == "compute" and op.step in warm:
             key = (op.op_type, str(op.input_shapes), op.dtype, str(sorted(op.attrs.items())))
             groups[key].append(op)
     for ops in groups.values():
@@ -146,7 +163,7 @@ def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
             continue
         worst = max(slow, key=lambda op: op.duration_s)
         steps = sorted({op.step for op in slow})
-        excess_per_step = sum(op.duration_s - typical for op in slow) / max(1, len(steps))
+        excess_per_step = sum(op.duration_s - typical for op in slow) / len(warm)
         stall = f"; it waited {worst.alloc_stall_s * 1e3:.2f} ms for memory" if worst.alloc_stall_s else ""
         found = _finding(
             ctx, "slow-op", worst, excess_per_step,
@@ -167,8 +184,10 @@ def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
     for ops in _by_call_site(op for op in ctx.step0_ops() if op.stream == "compute").values():
         op = max(ops, key=lambda o: o.duration_s)
         busiest = max(op.mac_ratio, op.vec_ratio, op.mte2_ratio)
-        if op.duration_s < ctx.thresholds["min_duration_s"] or busiest > ctx.thresholds["busy_frac"]:
+        if sum(o.duration_s for o in ops) < ctx.thresholds["min_duration_s"] or busiest > ctx.thresholds["busy_frac"]:
             continue
+        if op.overlap_frac is not None and op.overlap_frac < LOW_OVERLAP_FRAC:
+            continue  # the pipeline does not overlap: low-overlap reports this op, with the cause
         gain = sum(o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)) for o in ops)
         reasons = shape_findings(op, ctx.hardware)
         found = _finding(
@@ -221,14 +240,15 @@ def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Ops whose DMA/compute overlap (``overlap_frac``: the share of the time the kernel's units
     could have worked at once in which they did, stalls for memory counting as lost) is below
     ``overlap_frac``."""
-    for ops in _by_call_site(op for op in ctx.profile.ops if op.overlap_frac is not None).values():
+    warm = ctx.warm_steps
+    for ops in _by_call_site(op for op in ctx.profile.ops if op.overlap_frac is not None and op.step in warm).values():
         low = [o for o in ops if o.overlap_frac < ctx.thresholds["overlap_frac"]
                and o.duration_s >= ctx.thresholds["min_duration_s"]]
         if not low:
             continue
         op = min(low, key=lambda o: o.overlap_frac)
         steps = sorted({o.step for o in low})
-        lost = sum(o.alloc_stall_s + (o.overlappable_s - o.overlapped_s) for o in low) / len(steps)
+        lost = sum(o.alloc_stall_s + (o.overlappable_s - o.overlapped_s) for o in low) / len(warm)
         normal = [o.overlap_frac for o in ops if o not in low]
         was = f" (other calls {statistics.median(normal) * 100:.0f}%)" if normal else ""
         found = _finding(
@@ -237,8 +257,9 @@ def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
             f"{', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''}"
             + (f"; it waited {op.alloc_stall_s * 1e3:.2f} ms for memory ({op.device_frees} device frees, "
                f"{op.device_mallocs} mallocs, {op.alloc_retries} allocation retries)" if op.alloc_stall_s else ""),
-            "raise pipeline_stages so DMA runs ahead of compute; if the op waited for memory, pre-allocate "
-            "its buffers (a reserved pool) or enable expandable_segments",
+            ("pre-allocate the buffers of the op that waited for memory (a reserved pool), or use "
+             "expandable_segments if the run does not already" if op.alloc_stall_s else
+             "raise pipeline_stages so DMA runs ahead of compute"),
         )
         if found:
             yield found
@@ -248,29 +269,37 @@ def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
 def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Steps whose allocator time exceeds ``alloc_time_s`` (msprof-analyze advisor's 10 ms mark)
     or that retried an allocation after flushing the cache (a device synchronisation)."""
-    memory = ctx.profile.memory
+    memory = [m for m in ctx.profile.memory if m.step in ctx.warm_steps]
     bad = [m for m in memory if m.alloc_time_s > ctx.thresholds["alloc_time_s"] or m.alloc_retries]
     if not bad:
         return
-    stalled = [op for op in ctx.profile.ops if op.alloc_retries]
+    stalled = [op for op in ctx.profile.ops if op.alloc_retries and op.step in ctx.warm_steps]
     worst_op = max(stalled, key=lambda o: o.alloc_stall_s) if stalled else None
-    gain = sum(m.alloc_time_s for m in bad) / len(memory) + sum(o.alloc_stall_s for o in stalled) / len(memory)
-    period = ""
+    # Host time in the allocator overlaps the device's queue; what a fix saves on the device
+    # timeline is the stall of the ops that waited for memory.
+    gain = sum(o.alloc_stall_s for o in ctx.profile.ops if o.step in ctx.warm_steps) / len(memory)
     retry_steps = [m.step for m in bad if m.alloc_retries]
-    if len(retry_steps) > 1:
-        period = f", about every {statistics.median(b - a for a, b in itertools.pairwise(retry_steps)):g} steps"
-    anchor = worst_op or OpRecord.model_construct(op_type="-", name="-", source=None)
+    evidence = []
+    slow = [m.step for m in bad if m.alloc_time_s > ctx.thresholds["alloc_time_s"]]
+    if slow:
+        evidence.append(f"{len(slow)} of {len(memory)} steps spend over {ctx.thresholds['alloc_time_s'] * 1e3:g} ms "
+                        "in the allocator")
+    if retry_steps:
+        period = ""
+        if len(retry_steps) > 1:
+            period = f", about every {statistics.median(b - a for a, b in itertools.pairwise(retry_steps)):g} steps"
+        evidence.append(f"allocations flushed the cache and retried in steps "
+                        f"{', '.join(map(str, retry_steps[:8]))}{' ...' if len(retry_steps) > 8 else ''}{period}")
+    evidence.append(f"peak reserved {max(m.reserved_peak_bytes for m in memory) / 2**30:.2f} GiB, up to "
+                    f"{max(m.inactive_split_bytes for m in memory) / 2**20:.0f} MiB free inside split blocks")
     severity = grade(gain, ctx.step_time_s) or ("warning" if retry_steps else None)
     if severity is None:
         return
     yield RuleFinding(
-        "frequent-alloc", severity, anchor.op_type, anchor.name, anchor.source,
-        f"{len(bad)} of {len(memory)} steps spend over {ctx.thresholds['alloc_time_s'] * 1e3:g} ms allocating "
-        f"or retried an allocation (retries in steps {', '.join(map(str, retry_steps[:8]))}{period}); "
-        f"peak reserved {max(m.reserved_peak_bytes for m in memory) / 2**30:.2f} GiB, fragmentation up to "
-        f"{max(m.inactive_split_bytes for m in memory) / 2**20:.0f} MiB in split blocks",
+        "frequent-alloc", severity, worst_op.op_type if worst_op else "-", worst_op.name if worst_op else "-",
+        worst_op.source if worst_op else None, "; ".join(evidence),
         "reuse buffers across steps: pre-allocate a pool for tensors whose size changes every step, "
-        "set PYTORCH_NPU_ALLOC_CONF=expandable_segments:True, or pad sizes to a few buckets",
+        "use expandable_segments if the run does not already, or pad sizes to a few buckets",
         gain, gain / ctx.step_time_s if ctx.step_time_s else 0.0,
     )
 
@@ -280,22 +309,27 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Collectives that take more than ``share_frac`` of the step on the critical path, with
     their algorithm bandwidth, and many small messages (below ``small_message_bytes``)."""
     comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.comm is not None]
-    for (op_type, _), ops in _by_call_site(comm).items():
-        total = sum(o.duration_s for o in ops)
-        if ctx.step_time_s <= 0 or total / ctx.step_time_s < ctx.thresholds["share_frac"]:
-            continue
-        op = max(ops, key=lambda o: o.duration_s)
-        small = sum(1 for o in ops if o.comm.bytes < ctx.thresholds["small_message_bytes"])
-        found = _finding(
-            ctx, "comm-share", op, total,
-            f"{len(ops)} {op_type} calls take {total * 1e3:.2f} ms per step ({total / ctx.step_time_s * 100:.0f}%), "
-            f"none hidden behind compute; {op.comm.algorithm} at {op.comm.busbw_bytes_per_s / 1e9:.1f} GB/s bus "
-            f"bandwidth" + (f"; {small} messages under {ctx.thresholds['small_message_bytes'] / 2**20:g} MiB" if small else ""),
-            "overlap communication with compute (gradient buckets during backward), fuse small messages "
-            "into larger buckets, or keep the group inside one HCCS mesh",
-        )
-        if found:
-            yield found
+    total = sum(o.duration_s for o in comm)
+    step_s = sum(o.duration_s for o in ctx.step0_ops()) or 0.0
+    if not comm or step_s <= 0 or total / step_s < ctx.thresholds["share_frac"]:
+        return
+    by_type: dict[str, float] = defaultdict(float)
+    for o in comm:
+        by_type[o.op_type] += o.duration_s
+    op = max(comm, key=lambda o: o.duration_s)
+    small = sum(1 for o in comm if o.comm.bytes < ctx.thresholds["small_message_bytes"])
+    parts = ", ".join(f"{t} {d * 1e3:.2f} ms" for t, d in sorted(by_type.items(), key=lambda kv: -kv[1]))
+    found = _finding(
+        ctx, "comm-share", op, total,
+        f"{len(comm)} collectives take {total * 1e3:.2f} ms per step ({total / step_s * 100:.0f}%: {parts}), "
+        f"none hidden behind compute; the largest, {op.op_type}, runs {op.comm.algorithm} at "
+        f"{op.comm.busbw_bytes_per_s / 1e9:.1f} GB/s bus bandwidth"
+        + (f"; {small} messages under {ctx.thresholds['small_message_bytes'] / 2**20:g} MiB" if small else ""),
+        "overlap communication with compute (gradient buckets during backward), fuse small messages "
+        "into larger buckets, or keep the group inside one HCCS mesh",
+    )
+    if found:
+        yield found
 
 
 # -- running the rules ---------------------------------------------------------------------------
@@ -337,16 +371,37 @@ def run_rules(
                                  f"{', '.join(sorted(values)) or 'none'}")
             values[name] = float(value)
         try:
-            findings.extend(f for f in spec.function(RuleContext(profile, hardware, values)) if f is not None)
+            produced = [f for f in spec.function(RuleContext(profile, hardware, values)) if f is not None]
+            for f in produced:
+                if not isinstance(f, RuleFinding) or f.severity not in SEVERITY_ORDER:
+                    raise TypeError(f"it yielded {f!r}; a rule yields RuleFinding objects with severity "
+                                    f"{', '.join(SEVERITY_ORDER)}")
+            findings.extend(produced)
         except Exception as exc:  # noqa: BLE001 - a broken rule must not take the session down
-            findings.append(RuleFinding(
-                "internal-error", "warning", "-", "-", None,
-                f"diagnosis rule {rule_id!r} raised {type(exc).__name__}: {exc}",
-                f"report this rule's failure to its author, or switch it off with oam_disable_rules = {rule_id}",
-                0.0, 0.0))
-    order = {"fatal": 0, "serious": 1, "warning": 2}
-    findings.sort(key=lambda f: (order[f.severity], -f.gain_s))
+            findings.append(_internal_error(rule_id, f"raised {type(exc).__name__}: {exc}"))
+    findings.sort(key=lambda f: (SEVERITY_ORDER.index(f.severity), -f.gain_s))
     return findings
+
+
+def _internal_error(rule_id: str, problem: str) -> RuleFinding:
+    return RuleFinding("internal-error", "warning", "-", "-", None, f"diagnosis rule {rule_id!r} {problem}",
+                       f"report this rule's failure to its author, or switch it off with oam_disable_rules = {rule_id}",
+                       0.0, 0.0)
+
+
+def check_rules(rules: Mapping[str, object]) -> None:
+    """Check a registry after the ``pytest_oam_register_rules`` hook.
+
+    Raises:
+        ValueError: an entry that is not a :class:`Rule` with a callable function, or whose id
+            differs from its key.
+    """
+    for key, value in rules.items():
+        if not isinstance(value, Rule) or not callable(value.function) or not isinstance(value.thresholds, dict):
+            raise ValueError(f"diagnosis rule {key!r} must be a pytest_oam.rules.Rule(id, title, function, "
+                             f"thresholds), got {value!r}")
+        if value.id != key:
+            raise ValueError(f"diagnosis rule registered as {key!r} has id {value.id!r}")
 
 
 def parse_rule_thresholds(lines: Iterable[str]) -> dict[str, dict[str, float]]:

@@ -185,10 +185,14 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
 def _rule_settings(config: pytest.Config) -> tuple[dict, tuple[str, ...], dict[str, dict[str, float]]]:
     """The session's diagnosis rules (built-ins plus ``pytest_oam_register_rules``), the ones
     switched off, and threshold overrides; checked now so a typo is a usage error."""
-    from .rules import RULES, parse_rule_thresholds
+    from .rules import RULES, check_rules, parse_rule_thresholds
 
     rules = dict(RULES)
     config.hook.pytest_oam_register_rules(rules=rules)
+    try:
+        check_rules(rules)
+    except ValueError as exc:
+        raise _usage(f"pytest_oam_register_rules: {exc}") from None
     disabled = tuple(config.getini("oam_disable_rules"))
     try:
         thresholds = parse_rule_thresholds(config.getini("oam_rule_thresholds"))

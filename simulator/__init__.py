@@ -4,7 +4,7 @@
 produces, so that baselines made by another version are recognised as such.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
 SIMULATOR_VERSION = __version__
 
 from .hardware import HardwareSpec, list_hardware, load_hardware

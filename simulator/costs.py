@@ -436,7 +436,12 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
         hbm_bytes, l2_bytes = unique, max(0.0, reread)
     else:
         hbm_bytes, l2_bytes = unique + max(0.0, reread), 0.0
-    flop = 2.0 * matmuls * b * h * s_q * s_kv * d * (kv_per_q / kv_blocks)
+    # Useful FLOP: with a causal mask each query row attends to the keys up to its own
+    # position (the mask aligned at the bottom right when s_q < s_kv, as FlashAttention-2 does);
+    # counted per element, not per block, so a longer sequence never has fewer FLOP.
+    shorter = min(s_q, s_kv)
+    pairs = s_q * s_kv - (shorter * (shorter - 1) / 2 if causal else 0)
+    flop = 2.0 * matmuls * b * h * pairs * d
     kernel = _Kernel(
         block_dim=block_dim,
         cube_s_per_block=cube_s,

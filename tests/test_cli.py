@@ -141,7 +141,7 @@ def test_compare_per_op_threshold_and_version(tmp_path, capsys) -> None:
     assert code == 0 and json.loads(out)["limits"]["FlashAttention*"] == 0.6
     with pytest.raises(SystemExit):
         main(["--version"])
-    assert "simulator 0.2.0" in capsys.readouterr().out
+    assert "simulator 0.2.1" in capsys.readouterr().out
 
 
 def test_empty_baseline_is_invalid(tmp_path, capsys) -> None:

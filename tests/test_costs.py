@@ -250,3 +250,19 @@ def test_unknown_op_type() -> None:
 def test_pipeline_rejects_zero_stages() -> None:
     with pytest.raises(ValueError, match="pipeline_stages must be >= 1"):
         pipelined_time_s((1.0,), 0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(HARDWARE), st.integers(1, 8), seq, st.integers(1, 512), st.booleans(),
+       st.sampled_from(["FlashAttention", "FlashAttentionGrad"]))
+def test_flash_attention_flop_grow_with_the_sequence(hw_name, h, s, extra, causal, op) -> None:
+    # Regression: causal FLOP were counted per block, so S = 1024 -> 1025 lost 1% of the FLOP.
+    hw = load_hardware(hw_name)
+    short = op_cost(fa(1, h, s, 128, causal=causal, op=op), hw).flop
+    assert op_cost(fa(1, h, s + extra, 128, causal=causal, op=op), hw).flop > short
+
+
+def test_causal_flop_golden() -> None:
+    # Forward: QK^T and PV, 2 FLOP per multiply-add each: 4 * D FLOP per (query, key) pair;
+    # causal S = 1024 keeps S (S + 1) / 2 = 524,800 pairs: 4 * 128 * 524,800 per head.
+    assert op_cost(fa(1, 1, 1024, 128, causal=True), A910).flop == 4 * 128 * 524_800

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import simulator
-from pytest_oam.rules import RULES, Rule, parse_rule_thresholds, run_rules
+from pytest_oam.rules import RULES, Rule, RuleFinding, parse_rule_thresholds, run_rules
 from simulator.hardware import load_hardware
 from simulator.models import LLAMA2_7B, training_step
 from simulator.units import GiB
@@ -32,10 +32,13 @@ def healthy(npu):
 
 def test_healthy_runs_are_quiet() -> None:
     assert findings(healthy)[0] == []
-    # Llama-2-7B training steps on both servers, memory tracked: no finding at all.
-    for hw in ("ascend910", "ascend910b"):
+    # Llama-2-7B training steps, memory tracked. On 8 x 910A (TP4 x DP2, PCIe between the two
+    # HCCS groups) the collectives are 50% of the step and none is hidden behind compute (the
+    # timeline is serial): one finding. On 8 x 910B (TP8 in one HCCS mesh) they are 13%: none.
+    expected = {"ascend910": ["comm-share"], "ascend910b": []}
+    for hw, rule_ids in expected.items():
         profile = simulator.run(training_step, LLAMA2_7B, devices=8, steps=2, hardware=hw, memory=True)
-        assert run_rules(profile, load_hardware(hw)) == []
+        assert [f.rule_id for f in run_rules(profile, load_hardware(hw))] == rule_ids
 
 
 def test_slow_op() -> None:
@@ -49,7 +52,8 @@ def test_slow_op() -> None:
     f = only(run_rules(slow, A910), "slow-op")
     assert (f.severity, f.op_type) == ("serious", "FlashAttention")
     assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 2}")
-    assert "1 of 6 calls" in f.description and "step 3" in f.description
+    # step 0 warms the caching allocator up and is left out when a run has more steps
+    assert "1 of 5 calls" in f.description and "step 3" in f.description
     assert run_rules(profile, A910) == []
 
 
@@ -86,7 +90,7 @@ def test_frequent_alloc_and_retries() -> None:
 
     found, profile = findings(work, steps=2, memory=True)
     f = only(found, "frequent-alloc")
-    assert "retries in steps 1" in f.description
+    assert "flushed the cache and retried in steps 1" in f.description and f.step_share_frac <= 1
     assert f.severity in ("serious", "warning") and f.op_type == "Add"
     assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 3}")
     assert [m.alloc_retries for m in profile.memory] == [0, 1]
@@ -211,3 +215,29 @@ def test_bad_rule_settings_are_usage_errors(pytester, ini, message) -> None:
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
+
+
+
+def test_shares_stay_below_the_step_and_one_cause_is_reported_once() -> None:
+    # Regression: a stall in one step was reported by three rules with savings above 100%.
+    def work(npu):
+        q = npu.tensor((1, 8, 2048, 128))
+        npu.flash_attention(q, q, q, pipeline_stages=1)
+
+    found, _ = findings(work, steps=3, memory=True)
+    assert all(0 <= f.step_share_frac <= 1 for f in found)
+    # the unpipelined kernel is reported once, by low-overlap, not also as low utilisation
+    assert [f.rule_id for f in found] == ["low-overlap"]
+
+
+def test_malformed_rules_and_findings() -> None:
+    from pytest_oam.rules import check_rules
+
+    with pytest.raises(ValueError, match="must be a pytest_oam.rules.Rule"):
+        check_rules({"mine": lambda ctx: []})
+    rules = {"bad-severity": Rule("bad-severity", "t", lambda ctx: [RuleFinding(
+        "bad-severity", "critical", "-", "-", None, "d", "f", 0.0, 0.0)]),
+        "bad-type": Rule("bad-type", "t", lambda ctx: ["oops"])}
+    found = run_rules(simulator.run(healthy), A910, rules=rules)
+    assert sorted(f.description.split(" raised")[0] for f in found) == [
+        "diagnosis rule 'bad-severity'", "diagnosis rule 'bad-type'"]
