@@ -219,7 +219,11 @@ def _memory_verdicts(baseline: RunBaseline, current: RunBaseline, resolver: Limi
     out = []
     for row in MEMORY_ROWS:
         b, c, unit = pairs[row]
-        if b is None or c is None or b <= 0:
+        if b is None or b <= 0:
+            continue
+        if c is None:  # the baseline tracked memory, this run did not: not silently ungated
+            limit = resolver.resolve(row)
+            out.append(Verdict(row, float(b), None, None, limit.frac, limit.source, "missing", unit=unit))
             continue
         v = _verdict(row, (float(b), float(b), None), (float(c), float(c), None), resolver)
         out.append(dataclasses.replace(v, unit=unit))

@@ -93,9 +93,9 @@ def test_memory_bound_advice_only_when_the_op_became_memory_bound() -> None:
 
 
 def test_less_work_is_not_called_more_work() -> None:
-    # Regression test: a causal FlashAttention with a smaller block skips more of the masked
-    # triangle, so its FLOP fall a little while its time rises (more K/V DMA). The advice once
-    # said "does more work" for any FLOP change, up or down.
+    # Regression test: the advice said "does more work" for any FLOP change, up or down. (Since
+    # simulator 0.2.1 causal FLOP are counted per element, so the block size no longer moves
+    # them at all; a smaller block is slower for its K/V traffic alone.)
     def causal(npu, block_size=128):
         q = npu.tensor((1, 8, 2048, 128))
         npu.flash_attention(q, q, q, block_size=block_size, causal=True)
@@ -103,8 +103,7 @@ def test_less_work_is_not_called_more_work() -> None:
     base, cur = simulator.run(causal), simulator.run(causal, block_size=64)
     comparison = compare_run(0, summarize(base), summarize(cur), LimitResolver.build())
     (finding, *_) = diagnose(comparison, cur, summarize(cur).ops, summarize(base).ops)
-    flop = next(c for c in finding.counters if c.name == "flop")
-    assert flop.current < flop.baseline
+    assert "flop" not in {c.name for c in finding.counters}
     assert not any("more work" in tip for tip in finding.advice)
     assert any("block_size" in tip for tip in finding.advice)
 

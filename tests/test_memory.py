@@ -128,3 +128,18 @@ def test_memory(oam_profile):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*memory.allocated_peak*18.00 MiB*22.00 MiB*+22.2%*5.0%*REGRESSED*",
                                  "*peak allocated memory grew +22.2% (18.0 -> 22.0 MiB)*"])
+
+
+def test_dropping_memory_tracking_is_not_silently_ungated() -> None:
+    # Regression: a run without memory=True against a baseline with memory rows passed.
+    from pytest_oam.compare import compare_run, summarize
+    from pytest_oam.thresholds import LimitResolver
+
+    def work(npu):
+        npu.add(npu.tensor((1024, 1024)), npu.tensor((1024, 1024)))
+
+    comparison = compare_run(0, summarize(simulator.run(work, memory=True)), summarize(simulator.run(work)),
+                             LimitResolver.build())
+    assert comparison.status == "missing-ops"
+    assert {v.op_type for v in comparison.verdicts if v.status == "missing"} == {
+        "memory.reserved_peak", "memory.allocated_peak", "alloc_time"}
