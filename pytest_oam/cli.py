@@ -84,6 +84,16 @@ def _output_option(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--force", action="store_true", help="overwrite FILE if it exists (refused otherwise)")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _output_path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an output file name is required")
@@ -163,8 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--hardware", default="ascend910", help="device (default: %(default)s)")
     sweep.add_argument("--param", action="append", default=[], type=_param, metavar="KEY=VALUE",
                        help="an op attribute, e.g. block_size=64 or causal=true (repeatable)")
-    sweep.add_argument("--top", type=int, default=10, metavar="N", help="worst shapes listed (default: %(default)s)")
-    sweep.add_argument("--plot", type=Path, metavar="FILE.png", help="write the plot here (needs matplotlib)")
+    sweep.add_argument("--top", type=_positive_int, default=10, metavar="N",
+                       help="worst shapes listed (default: %(default)s)")
+    sweep.add_argument("--plot", type=Path, metavar="FILE.png",
+                       help="write the plot here: .png, .svg or .pdf (needs matplotlib; folders are created)")
+    sweep.add_argument("--force", action="store_true", help="overwrite the plot file if it exists")
     _format_option(sweep)
 
     commands.add_parser("models", help="list the model zoo, datasets and hardware",
@@ -245,10 +258,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     import json
 
-    from .sweep import parse_axes, plot_sweep, run_sweep, worst_table
+    from .sweep import check_attrs, check_plot, parse_axes, plot_sweep, run_sweep, worst_table
 
     axes = parse_axes(args.op, args.axis)
-    results = run_sweep(args.op, axes, args.dtype or ["fp16"], args.hardware, dict(args.param))
+    dtypes = list(dict.fromkeys(args.dtype or ["fp16"]))
+    attrs = check_attrs(args.op, dict(args.param))
+    if args.plot:
+        check_plot(args.plot, axes, dtypes, args.force)  # before the sweep, not after
+    results = run_sweep(args.op, axes, dtypes, args.hardware, attrs)
     if args.format == "json":
         print(json.dumps([{"shape": m.shape, "dtype": m.dtype, "time_s": m.time_s, "flop": m.flop,
                            "efficiency_frac": m.efficiency_frac, "findings": m.findings} for m in results], indent=2))
@@ -258,7 +275,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         print(worst_table(results, args.top, "github" if args.format == "markdown" else "simple"))
     if args.plot:
         plot_sweep(results, axes, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr if args.format == "json" else sys.stdout)
+        print(f"wrote {args.plot.resolve()}", file=sys.stderr if args.format == "json" else sys.stdout)
     return EXIT_OK
 
 

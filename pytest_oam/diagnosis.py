@@ -19,8 +19,10 @@ SEVERITY_CRITICAL_STEP_FRAC = 0.05
 SEVERITY_MAJOR_STEP_FRAC = 0.01
 #: Call sites listed per regressed op type.
 MAX_CALL_SITES = 3
-#: A last wave that keeps fewer than this share of the cores busy is an idle last wave.
+#: A last wave that keeps fewer than this share of the cores busy is an idle last wave...
 IDLE_LAST_WAVE_FRAC = 0.5
+#: ... when at least this share of the kernel's core time idles because of it.
+IDLE_CORE_TIME_FRAC = 0.05
 #: A last tile along an axis filled less than this share is a nearly empty tile.
 NEARLY_EMPTY_TILE_FRAC = 0.25
 #: Padding to the Cube fractal above this share of an axis is reported.
@@ -184,13 +186,14 @@ def _wave_finding(record: OpRecord, cores: int, unit: str) -> str | None:
         return None
     waves = -(-blocks // cores)
     last = blocks - (waves - 1) * cores
-    if waves > 1 and last / cores < IDLE_LAST_WAVE_FRAC:
-        idle = (cores - last) / (waves * cores)
+    idle = (cores - last) / (waves * cores)
+    if waves > 1 and last / cores < IDLE_LAST_WAVE_FRAC and idle >= IDLE_CORE_TIME_FRAC:
         return (f"idle last wave: {blocks} blocks over {cores} {unit} run in {waves} waves and the last keeps "
                 f"{last} of {cores} busy, so {idle * 100:.0f}% of the kernel's core time idles; a work split "
                 f"that is a multiple of {cores} blocks avoids it")
     if waves == 1 and last / cores < IDLE_LAST_WAVE_FRAC:
-        return f"only {blocks} blocks for {cores} {unit}: {cores - blocks} of them idle for the whole kernel"
+        noun = "block" if blocks == 1 else "blocks"
+        return f"only {blocks} {noun} for {cores} {unit}: {cores - blocks} of them idle for the whole kernel"
     return None
 
 

@@ -54,7 +54,7 @@ class Measurement:
     def describe(self) -> str:
         dims = ", ".join(f"{k}={v}" for k, v in self.shape.items())
         return (f"{self.op_type}({dims}, {self.dtype}) on {self.hardware}: {self.time_s * 1e6:,.1f} us, "
-                f"{self.flop / 1e9:,.3f} GFLOP, {self.efficiency_frac * 100:.1f}% of peak")
+                f"{self.flop / 1e9:.4g} GFLOP, {self.efficiency_frac * 100:.3g}% of peak")
 
 
 def _shape_dict(op_type: str, shape: Mapping[str, int] | Sequence[int]) -> dict[str, int]:
@@ -75,6 +75,9 @@ def _shape_dict(op_type: str, shape: Mapping[str, int] | Sequence[int]) -> dict[
 
 
 def _workload(op_type: str, shape: dict[str, int], dtype: str, attrs: dict) -> Callable:
+    from .sweep import check_attrs
+
+    check_attrs(op_type, attrs)
     if op_type == "MatMul":
         def matmul(npu):
             npu.matmul(npu.tensor((shape["m"], shape["k"]), dtype), npu.tensor((shape["k"], shape["n"]), dtype))
@@ -134,9 +137,9 @@ def _neighbours(m: Measurement, attrs: dict) -> list[Measurement]:
     return out
 
 
-def _explain(headline: str, focus: Measurement, others: list[Measurement]) -> str:
+def _explain(headline: str, focus: Measurement, others: list[Measurement], label: str = "neighbour") -> str:
     lines = [headline, f"  shape:      {focus.describe()}"]
-    lines += [f"  neighbour:  {n.describe()}" for n in others]
+    lines += [f"  {label + ':':<11} {n.describe()}" for n in others]
     lines += [f"  finding:    {f}" for f in focus.findings] or ["  finding:    none of the shape rules fired"]
     return "\n".join(lines)
 
@@ -149,6 +152,7 @@ def assert_efficiency(op_type: str, shape, at_least: float, *, dtype: str = "fp1
         PropertyFailure: below the bound (with the shape's neighbours and findings).
         ValueError: ``at_least`` outside (0, 1].
     """
+    __tracebackhide__ = True
     if not 0 < at_least <= 1:
         raise ValueError(f"at_least must be a fraction in (0, 1], got {at_least!r}")
     m = measure(op_type, shape, dtype=dtype, hardware=hardware, **attrs)
@@ -169,6 +173,7 @@ def assert_no_cliff(op_type: str, shape, *, axis: str | None = None, step: int =
         PropertyFailure: a cliff (with both shapes' numbers and the findings of the larger one).
         ValueError: unknown axis, ``step`` < 1 or a negative ``slack_frac``.
     """
+    __tracebackhide__ = True
     if step < 1 or slack_frac < 0:
         raise ValueError(f"step must be >= 1 and slack_frac >= 0, got step={step!r}, slack_frac={slack_frac!r}")
     base = measure(op_type, shape, dtype=dtype, hardware=hardware, **attrs)
@@ -195,7 +200,13 @@ def assert_near_best(op_type: str, shape, *, within_frac: float = 0.20, align: i
 
     Raises:
         PropertyFailure: more than ``within_frac`` below the best aligned shape.
+        ValueError: ``within_frac`` outside [0, 1) or ``align`` below 1.
     """
+    __tracebackhide__ = True
+    if not 0 <= within_frac < 1:
+        raise ValueError(f"within_frac must be a fraction in [0, 1), got {within_frac!r}")
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1:
+        raise ValueError(f"align must be a positive integer, got {align!r}")
     m = measure(op_type, shape, dtype=dtype, hardware=hardware, **attrs)
     candidates = []
     for rounding in (lambda v: v // align * align, lambda v: -(-v // align) * align):
@@ -207,5 +218,5 @@ def assert_near_best(op_type: str, shape, *, within_frac: float = 0.20, align: i
     if ratio < 1 - within_frac:
         raise PropertyFailure(_explain(
             f"{op_type} runs at {ratio * 100:.0f}% of the efficiency of its best aligned shape "
-            f"(limit {(1 - within_frac) * 100:.0f}%)", m, candidates))
+            f"(limit {(1 - within_frac) * 100:.0f}%)", m, candidates, label="aligned"))
     return m

@@ -16,7 +16,6 @@ Like the comparison, this module imports neither pytest nor the simulator runtim
 from __future__ import annotations
 
 import itertools
-import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -398,8 +397,9 @@ def check_rules(rules: Mapping[str, object]) -> None:
     """
     for key, value in rules.items():
         if not isinstance(value, Rule) or not callable(value.function) or not isinstance(value.thresholds, dict):
-            raise ValueError(f"diagnosis rule {key!r} must be a pytest_oam.rules.Rule(id, title, function, "
-                             f"thresholds), got {value!r}")
+            raise ValueError(  # noqa: TRY004 - reported as a usage error like the others
+                f"diagnosis rule {key!r} must be a pytest_oam.rules.Rule(id, title, function, thresholds), "
+                f"got {value!r}")
         if value.id != key:
             raise ValueError(f"diagnosis rule registered as {key!r} has id {value.id!r}")
 

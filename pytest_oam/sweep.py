@@ -28,14 +28,64 @@ def parse_axis_values(text: str) -> list[int]:
             step = rest[0] if rest else 1
             if len(rest) > 1 or step < 1:
                 raise ValueError
+            count = len(range(start, stop + 1, step))  # a range object: no list is built yet
+            if count > MAX_SWEEP_POINTS:
+                raise OverflowError(count)
             values = list(range(start, stop + 1, step))
         else:
-            values = [int(p) for p in text.split(",")]
+            values = sorted({int(p) for p in text.split(",")})
+    except OverflowError as exc:
+        raise ValueError(f"axis values {text!r}: {exc.args[0]:,} values; at most {MAX_SWEEP_POINTS:,} per sweep") from None
     except ValueError:
         raise ValueError(f"axis values {text!r}: write N, N,M,... or START:STOP:STEP with STEP >= 1") from None
     if not values or min(values) < 1:
         raise ValueError(f"axis values {text!r}: need at least one value, all >= 1")
     return values
+
+
+#: Attributes each op takes in a sweep (``--param``), with their types.
+OP_ATTRIBUTES: dict[str, dict[str, type]] = {
+    "MatMul": {},
+    "FlashAttention": {"block_size": int, "pipeline_stages": int, "fusion": bool, "causal": bool},
+}
+#: File types ``--plot`` writes.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_attrs(op_type: str, attrs: dict) -> dict:
+    """Check ``--param`` attributes for ``op_type``.
+
+    Raises:
+        ValueError: an attribute the op does not take, or a value of the wrong type.
+    """
+    allowed = OP_ATTRIBUTES.get(op_type, {})
+    for name, value in attrs.items():
+        if name not in allowed:
+            raise ValueError(f"{op_type} takes no attribute {name!r}; it takes: {', '.join(allowed) or 'none'}")
+        kind = allowed[name]
+        if (kind is bool and not isinstance(value, bool)) or (kind is int and (isinstance(value, bool) or not isinstance(value, int))):
+            raise ValueError(f"{op_type} attribute {name} must be {'true or false' if kind is bool else 'an integer'}, "
+                             f"got {value!r}")
+    return attrs
+
+
+def check_plot(path: Path, axes: dict[str, list[int]], dtypes: list[str], force: bool) -> Path:
+    """Check a ``--plot`` path before the sweep runs.
+
+    Raises:
+        ValueError: an unsupported file type, an existing file without ``force``, not one or
+            two varying axes, or several dtypes for a heat map.
+    """
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise ValueError(f"--plot {path}: write a {', '.join(PLOT_SUFFIXES)} file")
+    if path.exists() and not force:
+        raise ValueError(f"{path} exists; pass --force to overwrite it")
+    varying = [a for a, v in axes.items() if len(v) > 1]
+    if not 1 <= len(varying) <= 2:
+        raise ValueError(f"a plot needs one or two varying axes, got {len(varying)} ({', '.join(varying) or 'none'})")
+    if len(varying) == 2 and len(dtypes) > 1:
+        raise ValueError("a heat map (two varying axes) shows one dtype; give one --dtype")
+    return path
 
 
 def parse_axes(op_type: str, entries: list[str]) -> dict[str, list[int]]:
@@ -97,8 +147,7 @@ def plot_sweep(results: list[Measurement], axes: dict[str, list[int]], path: Pat
         ImportError: matplotlib is not installed (``pip install 'pytest-oam[plot]'``).
     """
     varying = [a for a, v in axes.items() if len(v) > 1]
-    if not 1 <= len(varying) <= 2:
-        raise ValueError(f"a plot needs one or two varying axes, got {len(varying)} ({', '.join(varying) or 'none'})")
+    check_plot(path, axes, list(dict.fromkeys(m.dtype for m in results)), force=True)
     try:
         import matplotlib
 
@@ -121,8 +170,13 @@ def plot_sweep(results: list[Measurement], axes: dict[str, list[int]], path: Pat
         dtype = results[0].dtype
         grid = {(m.shape[row_axis], m.shape[col_axis]): m.efficiency_frac * 100 for m in results if m.dtype == dtype}
         rows, cols = axes[row_axis], axes[col_axis]
-        image = ax.imshow([[grid[(r, c)] for c in cols] for r in rows], origin="lower", aspect="auto",
-                          extent=(cols[0], cols[-1], rows[0], rows[-1]), cmap="viridis")
+        # One cell per value, labelled with the value: the values need not be evenly spaced.
+        image = ax.imshow([[grid[(r, c)] for c in cols] for r in rows], origin="lower", aspect="auto", cmap="viridis")
+        for set_ticks, set_labels, values in ((ax.set_xticks, ax.set_xticklabels, cols),
+                                              (ax.set_yticks, ax.set_yticklabels, rows)):
+            step = max(1, len(values) // 12)
+            set_ticks(range(0, len(values), step))
+            set_labels([str(v) for v in values[::step]])
         fig.colorbar(image, ax=ax, label=f"% of Cube peak ({dtype})")
         ax.set_xlabel(col_axis)
         ax.set_ylabel(row_axis)

@@ -140,3 +140,13 @@ def test_short_runs_keep_no_p99() -> None:
     run = summarize(simulator.run(spiky(0), steps=10))
     assert run.step_time_p99_s is None and run.ops["FlashAttention"].p99_time_s is None
     assert run.step_time_max_s == pytest.approx(run.step_time_s)
+
+
+def test_advice_reads_the_direction_of_the_flop_change() -> None:
+    from pytest_oam.compare import CounterChange
+    from pytest_oam.diagnosis import _advice
+
+    fewer = _advice("MatMul", [CounterChange("flop", 100.0, 90.0)], None)
+    more = _advice("MatMul", [CounterChange("flop", 100.0, 110.0)], None)
+    assert not any("more work" in tip for tip in fewer)
+    assert any("does more work" in tip for tip in more)

@@ -117,3 +117,31 @@ def test_oam_sweep_writes_table_and_plots(tmp_path, capsys) -> None:
     assert heat.read_bytes().startswith(b"\x89PNG")
     assert main(["sweep", "MatMul", "--axis", "m=1", "--axis", "k=1", "--axis", "n=1", "--plot", str(tmp_path / "x.png")]) == 2
     assert "a plot needs one or two varying axes, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: assert_near_best("MatMul", (64, 64, 64), align=0), "align must be a positive integer, got 0"),
+        (lambda: assert_near_best("MatMul", (64, 64, 64), within_frac=-0.5), r"within_frac must be a fraction in \[0, 1\)"),
+        (lambda: measure("MatMul", (64, 64, 64), causal=True), "MatMul takes no attribute 'causal'; it takes: none"),
+        (lambda: measure("FlashAttention", (1, 1, 128, 128), causal="maybe"),
+         "FlashAttention attribute causal must be true or false, got 'maybe'"),
+    ],
+)
+def test_review_bad_arguments(call, message) -> None:
+    # Regressions from a newcomer review: each of these was accepted or crashed.
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_sweep_checks_before_running(tmp_path, capsys) -> None:
+    base = ["sweep", "MatMul", "--axis", "m=64", "--axis", "k=64"]
+    assert main([*base, "--axis", "n=1:100000000000"]) == 2  # no list of 1e11 values is built
+    assert "100,000,000,000 values" in capsys.readouterr().err
+    assert main([*base, "--axis", "n=64,128", "--plot", str(tmp_path / "p.xyz")]) == 2
+    assert "write a .png, .svg, .pdf file" in capsys.readouterr().err
+    (tmp_path / "p.png").write_bytes(b"keep")
+    assert main([*base, "--axis", "n=64,128", "--plot", str(tmp_path / "p.png")]) == 2
+    assert (tmp_path / "p.png").read_bytes() == b"keep"
+    assert parse_axis_values("512,128,256") == [128, 256, 512]  # sorted, so lines do not zig-zag
