@@ -269,7 +269,8 @@ def markdown_report(report: OamReport) -> str:
         for t in diagnosed:
             for d in t.diagnosis:
                 where = f" at `{d.location}`" if d.location else ""
-                lines.append(f"- **{d.severity}** `{d.rule_id}` {d.op_type}{where} (`{t.nodeid}`): {d.description}")
+                gain = f"; a fix saves about {fmt_time(d.gain_s)} per step ({fmt_frac(d.step_share_frac)})" if d.gain_s else ""
+                lines.append(f"- **{d.severity}** `{d.rule_id}` {d.op_type}{where} (`{t.nodeid}`): {d.description}{gain}")
                 lines.append(f"  - {d.fix}")
     return "\n".join(lines) + "\n"
 

@@ -16,6 +16,7 @@ Like the comparison, this module imports neither pytest nor the simulator runtim
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -418,8 +419,12 @@ def parse_rule_thresholds(lines: Iterable[str]) -> dict[str, dict[str, float]]:
             number = float(value)
         except ValueError:
             number = None
+        if number is not None and (not math.isfinite(number) or number < 0):
+            raise ValueError(f"oam_rule_thresholds: {line!r}: a threshold must be a finite number >= 0")
+        if name.strip() in out.get(rule_id.strip(), {}):
+            raise ValueError(f"oam_rule_thresholds: {key.strip()} is given twice")
         if not sep or not dot or not rule_id or not name or number is None:
             raise ValueError(f"oam_rule_thresholds: {line!r} is not of the form RULE.NAME = NUMBER "
                              "(e.g. slow-op.factor = 3)")
-        out.setdefault(rule_id, {})[name.strip()] = number
+        out.setdefault(rule_id.strip(), {})[name.strip()] = number
     return out

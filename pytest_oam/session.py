@@ -595,7 +595,8 @@ class OamSession:
         for d in result["report"].get("diagnosis", []):  # JUnit XML <property> entries (read at teardown)
             item.user_properties.append(
                 ("oam_finding", (f"{d['severity']} {d['rule_id']} {d['op_type']} at {d['location'] or '-'}: "
-                                f"{d['description']}")))
+                                 f"{d['description']} (a fix saves about {d['gain_s'] * 1e3:.3f} ms per step, "
+                                 f"{d['step_share_frac'] * 100:.1f}%; {d['fix']})")))
         if text is not None:
             self._fail(report, text)
         return report
