@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from collections.abc import Callable, Mapping
@@ -35,6 +36,10 @@ from .thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
 #: Steps a profile collects by default (each draws its sequence length from the dataset).
 DEFAULT_STEPS = 4
 DEFAULT_HARDWARE = "Ascend 910 x 8"
+#: Smallest change that counts between imported real profiles: run-to-run noise of a few
+#: microseconds on tiny ops (the two real torch_npu AlexNet runs in the tests differ by up to
+#: 4 us on ops of 3-12 us) is not a regression.
+REAL_MIN_DELTA_S = 20e-6
 #: Sequence length of every step when no dataset is given.
 DEFAULT_SEQ_LEN = 2048
 
@@ -431,6 +436,7 @@ def compare_profiles(
     current: Profile | ProfileBaseline | BaselineFile,
     regression_threshold: float | str = 0.10,
     thresholds: Mapping[str, float | str] | None = None,
+    min_delta_s: float | None = None,
 ) -> ComparisonReport:
     """Compare ``current`` with ``baseline`` with the plugin's comparison and diagnosis.
 
@@ -439,7 +445,9 @@ def compare_profiles(
     per-op limits (``{"MatMul": "5%", "FlashAttention*": 0.01}``) over both. A baseline file
     taken as ``current`` compares the same way, but its findings cannot name call sites. A
     baseline file with several runs (a plugin test that profiled more than once) is compared
-    on its run with the current workload's fingerprint.
+    on its run with the current workload's fingerprint. ``min_delta_s`` is the smallest change
+    in seconds that counts (:func:`pytest_oam.compare.compare_run`); by default
+    :data:`REAL_MIN_DELTA_S` for imported real profiles, 0 for simulated ones.
 
     Raises:
         ThresholdError: a negative, non-finite or malformed threshold.
@@ -458,7 +466,11 @@ def compare_profiles(
             f"the baseline was made on {base_run.hardware} x {base_run.devices}, the current profile on "
             f"{current_run.hardware} x {current_run.devices}: collect both on the same hardware"
         )
-    comparison = compare_run(0, base_run, current_run, resolver)
+    if min_delta_s is None:
+        min_delta_s = REAL_MIN_DELTA_S if current_run.hardware.startswith("real:") else 0.0
+    if min_delta_s < 0 or not math.isfinite(min_delta_s):
+        raise ValueError(f"min_delta_s must be a finite number >= 0, got {min_delta_s!r}")
+    comparison = compare_run(0, base_run, current_run, resolver, min_delta_s)
     findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops)
     return ComparisonReport(comparison.status, comparison, findings, base_run, current_run,
                             {"default": limit, "FlashAttention*": flash, **per_op})
@@ -493,13 +505,22 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def load_any(path: str | Path) -> Profile | BaselineFile:
-    """Read a profile or a baseline file, whichever ``path`` holds.
+    """Read a profile or a baseline file, whichever ``path`` holds; real profiler output
+    (torch_npu / msprof CSV or output folder, Kineto or torch_npu Chrome-trace JSON) is
+    imported (:mod:`pytest_oam.importers`).
 
     Raises:
         ProfileFileError: unreadable, not gzip/JSON, or neither a profile nor a baseline.
         BaselineError: a baseline file that fails validation.
     """
+    from .importers import ImportError_, import_chrome_trace, import_profile
+
     path = Path(path)
+    if path.is_dir() or path.suffix.lower() == ".csv":
+        try:
+            return import_profile(path)
+        except ImportError_ as exc:
+            raise ProfileFileError(str(exc)) from None
     try:
         raw = path.read_bytes()
         compressed = raw[:2] == b"\x1f\x8b"
@@ -508,6 +529,11 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
         raise ProfileFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProfileFileError(f"{path}: is not a JSON profile or baseline ({exc})") from None
+    if isinstance(data, list) or (isinstance(data, dict) and "traceEvents" in data):
+        try:
+            return import_chrome_trace(path)
+        except ImportError_ as exc:
+            raise ProfileFileError(str(exc)) from None
     if isinstance(data, dict) and "runs" in data:
         if compressed:
             raise ProfileFileError(f"{path}: is a compressed baseline file; baselines are plain JSON")

@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--threshold", action="append", default=[], metavar="[OP=]LIMIT",
                          help="default per-op limit (5%% or 0.05; FlashAttention keeps the stricter 2%%), "
                               "or a limit for one op type or glob (MatMul=5%%); repeatable (default: 10%%)")
+    compare.add_argument("--min-delta-us", type=float, metavar="US",
+                         help="smallest change in microseconds that counts (default: 20 for imported real "
+                              "profiles, 0 for simulated ones)")
     _format_option(compare)
 
     commands.add_parser(
@@ -179,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write the plot here: .png, .svg or .pdf (needs matplotlib; folders are created)")
     sweep.add_argument("--force", action="store_true", help="overwrite the plot file if it exists")
     _format_option(sweep)
+
+    trace = commands.add_parser(
+        "trace", help="write a profile as a Chrome/Perfetto trace",
+        description="Write PROFILE (a profile from 'oam collect', or real profiler output: torch_npu or "
+                    "msprof CSV, a Kineto or torch_npu trace) as a Trace Event Format file to open in "
+                    "ui.perfetto.dev or chrome://tracing.")
+    trace.add_argument("profile", type=Path, metavar="PROFILE")
+    _output_option(trace, "trace (.json, or .json.gz)")
 
     commands.add_parser("models", help="list the model zoo, datasets and hardware",
                         description="List the names --model, --dataset and --hardware accept.")
@@ -250,7 +261,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         else:
             default = entry
     report = compare_profiles(load_any(args.baseline), load_any(args.current), regression_threshold=default,
-                              thresholds=per_op)
+                              thresholds=per_op,
+                              min_delta_s=None if args.min_delta_us is None else args.min_delta_us * 1e-6)
     print({"text": report.to_text, "json": report.to_json, "markdown": report.to_markdown}[args.format]())
     return EXIT_FAILED if report.status in FAILING_STATUSES else EXIT_OK
 
@@ -276,6 +288,25 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.plot:
         plot_sweep(results, axes, args.plot)
         print(f"wrote {args.plot.resolve()}", file=sys.stderr if args.format == "json" else sys.stdout)
+    return EXIT_OK
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    import gzip
+
+    from simulator.profile import Profile
+
+    from .api import ProfileFileError, load_any
+    from .fileio import atomic_write_bytes
+    from .trace import dump_chrome_trace
+
+    _refuse_overwrite(args.output, args.force)
+    profile = load_any(args.profile)
+    if not isinstance(profile, Profile):
+        raise ProfileFileError(f"{args.profile}: is a baseline file; a trace needs a profile (oam collect)")
+    data = dump_chrome_trace(profile, name=str(args.profile)).encode("utf-8")
+    atomic_write_bytes(args.output, gzip.compress(data, mtime=0) if args.output.suffix == ".gz" else data)
+    print(f"wrote {args.output}: {len(profile.ops)} ops; open it in https://ui.perfetto.dev")
     return EXIT_OK
 
 
@@ -313,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("compare", None): _cmd_compare,
         ("models", None): _cmd_models,
         ("sweep", None): _cmd_sweep,
+        ("trace", None): _cmd_trace,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)

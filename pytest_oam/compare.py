@@ -118,7 +118,8 @@ def summarize(profile: Profile) -> RunBaseline:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One row of the comparison. ``status``: pass, regressed, improved, new or missing."""
+    """One row of the comparison. ``status``: pass, regressed, improved, new, missing, or
+    insignificant (above the limit but by less than the minimum time that counts)."""
 
     op_type: str
     baseline_s: float | None
@@ -230,8 +231,14 @@ def _memory_verdicts(baseline: RunBaseline, current: RunBaseline, resolver: Limi
     return out
 
 
-def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolver: LimitResolver) -> RunComparison:
-    """Compare one run with its baseline under the limits of ``resolver``."""
+def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolver: LimitResolver,
+                min_delta_s: float = 0.0) -> RunComparison:
+    """Compare one run with its baseline under the limits of ``resolver``.
+
+    ``min_delta_s``: a change above its limit but smaller than this many seconds is not a
+    regression (or an improvement) but ``insignificant``, shown as such: tiny ops of real,
+    noisy runs would otherwise flap. 0 for simulated runs, which are deterministic.
+    """
     def stats(run: RunBaseline, op_type: str) -> tuple[float, float] | None:
         op = run.ops.get(op_type)
         return None if op is None else (op.time_s, op.mean_time_s, op.p99_time_s)
@@ -243,6 +250,13 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
     verdicts.append(_verdict(STEP_ROW, (baseline.step_time_s, baseline.step_time_mean_s, baseline.step_time_p99_s),
                              (current.step_time_s, current.step_time_mean_s, current.step_time_p99_s), resolver))
     verdicts += _memory_verdicts(baseline, current, resolver)
+    if min_delta_s > 0:
+        verdicts = [
+            dataclasses.replace(v, status="insignificant")
+            if v.status in ("regressed", "improved") and v.unit == "s" and v.baseline_s is not None
+            and v.current_s is not None and abs(v.current_s - v.baseline_s) < min_delta_s else v
+            for v in verdicts
+        ]
     hard, workload = _identity_mismatches(baseline, current)
     reasons = hard + workload
     counters = {}

@@ -1,0 +1,301 @@
+"""Real profiler output into the same :class:`~simulator.profile.Profile` the simulator makes,
+so the gate, ``oam compare`` and the diagnosis work on real runs too.
+
+Formats:
+
+* the torch_npu profiler's ``kernel_details.csv`` (``ASCEND_PROFILER_OUTPUT``) and msprof's
+  ``op_summary_*.csv``: one row per device task, with the ``aic_*`` / ``aiv_*`` pipe ratios;
+* Chrome-trace JSON, plain or gzip: PyTorch Kineto traces (``{"traceEvents": [...]}``; GPU
+  ``kernel`` events are the operators, op type = the kernel's function name without namespace
+  and template arguments) and torch_npu's ``trace_view.json`` (a top-level array; the
+  ``Ascend Hardware`` process holds the device tasks).
+
+A run's step time is the span of its device tasks in a step (``ProfilerStep#N`` annotations
+in traces, ``Step Id`` in CSVs); a trace without step annotations is one step, idle gaps
+included.
+
+Real files have traps, handled here: timestamps with trailing tabs or given as strings,
+``N/A`` in metric columns, a top-level array instead of an object. Every problem is a
+:class:`ImportError_` naming the file and the line or field at fault.
+
+Identity of an imported profile: ``hardware`` is ``real:<source>`` (``real:torch_npu``,
+``real:kineto``) and ``simulator_version`` is ``imported``, so imported runs compare with
+imported runs of the same kind, never with simulated ones.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import json
+import math
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from simulator.profile import OpRecord, Profile
+
+#: Column names of the two Ascend CSV flavours, first match wins.
+_COLUMNS = {
+    "type": ("Type", "OP Type", "Op Type"),
+    "name": ("Name", "Op Name", "OP Name"),
+    "start": ("Start Time(us)", "Task Start Time(us)", "Task Start Time"),
+    "duration": ("Duration(us)", "Task Duration(us)"),
+    "core": ("Accelerator Core", "Task Type"),
+    "step": ("Step Id",),
+    "block_dim": ("Block Dim",),
+    "shapes": ("Input Shapes",),
+    "dtypes": ("Input Data Types",),
+}
+_RATIOS = {
+    "mac_ratio": ("aic_mac_ratio", "mac_ratio"),
+    "vec_ratio": ("aiv_vec_ratio", "vec_ratio", "aic_vec_ratio"),
+    "mte2_ratio": ("aic_mte2_ratio", "aiv_mte2_ratio", "mte2_ratio"),
+}
+
+
+class ImportError_(ValueError):
+    """A profiler file that cannot be imported; the message names the file and what is wrong."""
+
+
+def _number(text: object, path: Path, where: str, default: float | None = None) -> float:
+    """A number from a real file: strips tabs and spaces, ``N/A`` and empty give ``default``."""
+    raw = str(text).strip() if text is not None else ""
+    if raw in ("", "N/A", "NA", "-", "nan") and default is not None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImportError_(f"{path}: {where}: {raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ImportError_(f"{path}: {where}: {raw!r} is not finite")
+    return value
+
+
+def _shapes(text: str) -> list[list[int]]:
+    """``"32,3,224,224;64,3,11,11"`` (quoted in the CSV) -> ``[[32, 3, 224, 224], [64, 3, 11, 11]]``."""
+    shapes = []
+    for part in str(text).strip().strip('"').split(";"):
+        dims = [d for d in part.strip().strip('"').split(",") if d.strip()]
+        try:
+            shapes.append([int(d) for d in dims])
+        except ValueError:
+            shapes.append([])
+    return [s for s in shapes if s]
+
+
+def _fingerprint(ops: Iterable[OpRecord]) -> str:
+    digest = hashlib.sha256()
+    for op in ops:
+        digest.update(f"{op.step}|{op.op_type}|{op.input_shapes}|{op.dtype};".encode())
+    return digest.hexdigest()[:16]
+
+
+def _profile(ops: list[OpRecord], source: str, steps: int) -> Profile:
+    return Profile(simulator_version="imported", hardware=f"real:{source}", devices=1, steps=max(1, steps),
+                   workload_fingerprint=_fingerprint(ops), ops=ops)
+
+
+def _record(**fields) -> OpRecord:
+    defaults = {"flop": 0.0, "hbm_bytes": 0.0, "l2_bytes": 0.0, "block_dim": 0, "dma_count": 0, "ai_core_util_frac": 0.0,
+                    "hbm_bandwidth_util_frac": 0.0, "mac_ratio": 0.0, "vec_ratio": 0.0, "mte2_ratio": 0.0, "input_shapes": [],
+                    "dtype": "", "attrs": {}, "source": None, "comm": None}
+    return OpRecord(**{**defaults, **fields})
+
+
+# -- Ascend CSV (kernel_details.csv, op_summary_*.csv) --------------------------------------------
+
+
+def import_ascend_csv(path: str | Path) -> Profile:
+    """A torch_npu ``kernel_details.csv`` or an msprof ``op_summary_*.csv``.
+
+    Each row is a device task: ``op_type`` is its Type, ``name`` its Name; HCCL tasks go to the
+    ``hccl`` stream. Steps are numbered from 0 in the order of their ``Step Id``.
+
+    Raises:
+        ImportError_: unreadable, not a CSV, a required column missing, or a bad number (the
+            message names the file, the line and the column).
+    """
+    path = Path(path)
+    text = _read_text(path)
+    reader = csv.DictReader(io.StringIO(text))
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    reader.fieldnames = header
+
+    def column(key: str, required: bool = True) -> str | None:
+        for name in _COLUMNS[key]:
+            if name in header:
+                return name
+        if required:
+            raise ImportError_(f"{path}: no {' / '.join(_COLUMNS[key])} column; this is not a torch_npu "
+                               f"kernel_details.csv or msprof op_summary CSV (columns: {', '.join(header[:8])} ...)")
+        return None
+
+    c_type, c_name, c_start, c_dur = column("type"), column("name"), column("start"), column("duration")
+    c_core, c_step, c_block = column("core", False), column("step", False), column("block_dim", False)
+    c_shapes, c_dtypes = column("shapes", False), column("dtypes", False)
+    ratio_cols = {k: [c for c in names if c in header] for k, names in _RATIOS.items()}
+    rows = []
+    try:
+        for line, row in enumerate(reader, start=2):
+            if None in row or any(v is None for v in row.values()):
+                raise ImportError_(f"{path}: line {line}: {len(row)} fields do not match the {len(header)} columns "
+                                   "(truncated file?)")
+            rows.append((line, row))
+    except csv.Error as exc:
+        raise ImportError_(f"{path}: not a valid CSV: {exc}") from None
+    if not rows:
+        raise ImportError_(f"{path}: holds no task rows")
+    step_ids = sorted({row[c_step].strip() for _, row in rows}) if c_step else ["0"]
+    step_index = {s: i for i, s in enumerate(step_ids)}
+    starts = [_number(row[c_start], path, f"line {line}, column {c_start!r}") for line, row in rows]
+    origin = min(starts)
+    ops = []
+    for (line, row), start in zip(rows, starts, strict=True):
+        where = f"line {line}"
+        core = row[c_core].strip() if c_core else ""
+        ratios = {k: max((_number(row[c], path, f"{where}, column {c!r}", 0.0) for c in cols), default=0.0)
+                  for k, cols in ratio_cols.items()}
+        ops.append(_record(
+            op_type=row[c_type].strip() or row[c_name].strip(),
+            name=row[c_name].strip(),
+            step=step_index[row[c_step].strip()] if c_step else 0,
+            stream="hccl" if core.upper().startswith("HCCL") or row[c_type].strip().startswith("hcom") else "compute",
+            start_s=(start - origin) * 1e-6,
+            duration_s=_number(row[c_dur], path, f"{where}, column {c_dur!r}") * 1e-6,
+            block_dim=int(_number(row[c_block], path, f"{where}, column {c_block!r}", 0.0)) if c_block else 0,
+            input_shapes=_shapes(row[c_shapes]) if c_shapes else [],
+            dtype=row[c_dtypes].split(";")[0].strip().lower() if c_dtypes else "",
+            mac_ratio=min(1.0, ratios["mac_ratio"]), vec_ratio=min(1.0, ratios["vec_ratio"]),
+            mte2_ratio=min(1.0, ratios["mte2_ratio"]),
+        ))
+    return _profile(ops, "torch_npu", len(step_ids))
+
+
+# -- Chrome-trace JSON (Kineto, torch_npu trace_view.json) -----------------------------------------
+
+#: Kineto categories imported as operators: device kernels. Host-driven copies and memsets
+#: (``gpu_memcpy``, ``gpu_memset``) move data between operators and are left out.
+_KERNEL_CATS = ("kernel",)
+
+
+def _short_kernel_name(name: str) -> str:
+    """A stable op type from a C++ kernel name: drop ``void``, anonymous namespaces, template
+    and call arguments, and the namespace path."""
+    text = name.replace("(anonymous namespace)::", "").removeprefix("void ").strip()
+    text = re.split(r"[<(]", text, maxsplit=1)[0].strip()
+    return text.rsplit("::", 1)[-1] or name
+
+
+def _ascend_task_type(name: str) -> str:
+    """``aclnnMm_MatMulCommon_MatMulV2`` -> ``MatMulV2`` (the kernel); ``Conv2D1_x`` -> ``Conv2D``."""
+    if name.startswith("aclnn") and "_" in name:
+        return name.rsplit("_", 1)[-1]
+    return re.sub(r"\d+$", "", name.split("_")[0]) or name
+
+
+def import_chrome_trace(path: str | Path) -> Profile:
+    """A Kineto trace (GPU kernels, memcpy, memset) or a torch_npu ``trace_view.json`` (the
+    ``Ascend Hardware`` process's tasks), plain or gzip-compressed.
+
+    Steps come from ``ProfilerStep#N`` annotations when there are any (one step otherwise).
+
+    Raises:
+        ImportError_: unreadable, not JSON, no trace events, or a device event without a number
+            where ``ts`` or ``dur`` should be (naming the file and the event).
+    """
+    path = Path(path)
+    data = _read_json(path)
+    events = data if isinstance(data, list) else data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise ImportError_(f"{path}: no trace events (expected a JSON array or an object with 'traceEvents')")
+    hardware_pids = {e.get("pid") for e in events if isinstance(e, dict) and e.get("ph") == "M"
+                     and e.get("name") == "process_name" and (e.get("args") or {}).get("name") == "Ascend Hardware"}
+    source = "torch_npu" if hardware_pids else "kineto"
+    device, steps = [], []
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        name = str(e.get("name", ""))
+        if name.startswith("ProfilerStep#"):
+            steps.append((_number(e.get("ts"), path, f"event {i} ('{name}') ts"),
+                          _number(e.get("dur"), path, f"event {i} ('{name}') dur")))
+        if e.get("cat") in _KERNEL_CATS or e.get("pid") in hardware_pids:
+            device.append((i, e))
+    if not device:
+        raise ImportError_(f"{path}: no device events (Kineto 'kernel' events or an 'Ascend Hardware' process)")
+    steps.sort()
+    records = []
+    for i, e in device:
+        ts = _number(e.get("ts"), path, f"event {i} ts")
+        dur = _number(e.get("dur"), path, f"event {i} dur", 0.0)
+        step = next((k for k, (s, d) in enumerate(steps) if s <= ts <= s + d), 0 if not steps else None)
+        if step is None:
+            continue  # outside every profiled step
+        name = str(e.get("name", ""))
+        args = e.get("args") or {}
+        records.append((ts, dur, step, name, args))
+    if not records:
+        raise ImportError_(f"{path}: no device event falls inside a ProfilerStep")
+    origin = min(r[0] for r in records)
+    used_steps = sorted({r[2] for r in records})
+    renumber = {s: i for i, s in enumerate(used_steps)}
+    ops = [
+        _record(op_type=_short_kernel_name(name) if source == "kineto" else _ascend_task_type(name),
+                name=name[:200], step=renumber[step], stream="hccl" if "nccl" in name.lower() or name.startswith("hcom")
+                else "compute", start_s=(ts - origin) * 1e-6, duration_s=dur * 1e-6,
+                block_dim=int(args.get("blocks per SM", 0) or 0) if isinstance(args.get("blocks per SM"), int) else 0)
+        for ts, dur, step, name, args in sorted(records, key=lambda r: r[0])
+    ]
+    return _profile(ops, source, len(used_steps))
+
+
+# -- entry point --------------------------------------------------------------------------------
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ImportError_(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise ImportError_(f"{path}: is not valid gzip ({exc})") from None
+    return raw
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return _read_bytes(path).decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ImportError_(f"{path}: is not UTF-8 text (byte {exc.start}): binary data?") from None
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(_read_bytes(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ImportError_(f"{path}: is not valid JSON ({exc})") from None
+
+
+def import_profile(path: str | Path) -> Profile:
+    """Import whatever real profiler output ``path`` is: a ``.csv`` (torch_npu or msprof), a
+    Chrome-trace ``.json`` / ``.json.gz``, or a torch_npu output folder (its
+    ``ASCEND_PROFILER_OUTPUT/kernel_details.csv`` or ``kernel_details.csv``).
+
+    Raises:
+        ImportError_: nothing importable there (naming the file and the problem).
+    """
+    path = Path(path)
+    if path.is_dir():
+        for candidate in (path / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv", path / "kernel_details.csv"):
+            if candidate.is_file():
+                return import_ascend_csv(candidate)
+        raise ImportError_(f"{path}: a folder without ASCEND_PROFILER_OUTPUT/kernel_details.csv or kernel_details.csv")
+    if path.suffix.lower() == ".csv":
+        return import_ascend_csv(path)
+    return import_chrome_trace(path)

@@ -1,0 +1,160 @@
+"""Real profiler output (tests/data/realdata, origins and licences in its SOURCES.md) imported
+into profiles, compared, and malformed files refused with a clear error."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+import pytest_oam as oam
+from pytest_oam.api import load_any
+from pytest_oam.cli import main
+from pytest_oam.importers import ImportError_, import_profile
+
+DATA = Path(__file__).parent / "data" / "realdata"
+LEVEL1 = DATA / "ascend-msinsight-alexnet2p-level1-rank0" / "kernel_details.csv"
+LEVEL2 = DATA / "ascend-msinsight-alexnet2p-level2-rank0" / "kernel_details.csv"
+TRACE_VIEW = DATA / "ascend-msprof-analyze-advisor-ut" / "trace_view.json"
+KINETO1 = DATA / "hta-critical-path-alexnet-run1" / "benchmark_result_493459_1694039959_trace.json.gz"
+KINETO2 = DATA / "hta-critical-path-alexnet-run2" / "benchmark_result_2869224_1695835535_trace.json.gz"
+RANK0 = DATA / "hta-trace-filter-128rank" / "sampled_rank-0.json.gz"
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "tasks", "some_type"),
+    [
+        (LEVEL1, "torch_npu", 191, "Conv2DBackpropFilter"),  # 191 device tasks (SOURCES.md)
+        (LEVEL2, "torch_npu", 191, "MatMulV2"),
+        (TRACE_VIEW, "torch_npu", 276, "ZerosLike"),  # 276 Ascend Hardware tasks, ts as strings
+        (KINETO1, "kineto", 79, "elementwise_kernel"),  # 79 GPU kernels
+        (KINETO2, "kineto", 79, "elementwise_kernel"),
+        (RANK0, "kineto", None, "DeviceScanKernel"),
+    ],
+)
+def test_every_real_file_imports(path, source, tasks, some_type) -> None:
+    profile = import_profile(path)
+    assert profile.hardware == f"real:{source}" and profile.simulator_version == "imported"
+    if tasks is not None:
+        assert len(profile.ops) == tasks
+    assert some_type in profile.op_types
+    assert all(op.duration_s >= 0 and op.start_s >= 0 for op in profile.ops)
+
+
+def test_ascend_csv_details() -> None:
+    profile = import_profile(LEVEL1)
+    (hccl,) = {op.stream for op in profile.ops if op.op_type.startswith("hcom")}
+    assert hccl == "hccl"  # N/A metrics, HCCL tasks on their own stream
+    conv = next(op for op in profile.ops if op.op_type == "Conv2D")
+    # shapes as recorded (the device's NC1HWC0 layout) and the pipe ratios are kept
+    assert conv.input_shapes[0] == [32, 1, 224, 224, 8] and conv.mac_ratio > 0
+    assert import_profile(LEVEL1.parent).ops == profile.ops  # the output folder works too
+
+
+def slowed(path: Path, tmp_path: Path, op_type: str, factor: float) -> Path:
+    """A copy of a kernel_details.csv with ``op_type`` rows ``factor`` times slower."""
+    lines = path.read_text().splitlines(keepends=True)
+    header = lines[0].split(",")
+    type_col, dur_col = header.index("Type"), header.index("Duration(us)")
+    out = [lines[0]]
+    for line in lines[1:]:
+        cells = line.split(",")
+        if cells[type_col] == op_type:
+            cells[dur_col] = f"{float(cells[dur_col]) * factor:.3f}"
+        out.append(",".join(cells))
+    target = tmp_path / "kernel_details.csv"
+    target.write_text("".join(out))
+    return target
+
+
+def test_two_real_ascend_runs_pass_at_10_percent_and_a_slowdown_is_caught(tmp_path, capsys) -> None:
+    code = main(["compare", str(LEVEL1), str(LEVEL2), "--threshold", "10%"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("status: pass")
+    # tiny ops move by more than 10% between the runs, by a few microseconds: shown, not failed
+    assert "NLLLoss" in out and "above limit, below min time" in out
+    code = main(["compare", str(LEVEL1), str(slowed(LEVEL2, tmp_path, "MatMulV2", 1.2)), "--threshold", "10%"])
+    out = capsys.readouterr().out
+    assert code == 1
+    (row,) = [line for line in out.splitlines() if line.startswith("MatMulV2")]
+    assert "REGRESSED" in row
+
+
+def test_two_kineto_runs_pass_and_a_slowdown_is_caught(tmp_path) -> None:
+    assert oam.compare_profiles(load_any(KINETO1), load_any(KINETO2), "10%").status in ("pass", "improved")
+    data = json.loads(gzip.decompress(KINETO2.read_bytes()))
+    for event in data["traceEvents"]:
+        if event.get("cat") == "kernel" and "cudnn" in event.get("name", ""):
+            event["dur"] = event["dur"] * 1.2
+    slow = tmp_path / "slow.json.gz"
+    slow.write_bytes(gzip.compress(json.dumps(data).encode()))
+    current = load_any(slow)
+    report = oam.compare_profiles(load_any(KINETO1), current, "10%")
+    slowed_types = {op.op_type for op in current.ops if "cudnn" in op.name}
+    assert report.has_regression
+    assert {r.op_name for r in report.regressions} - {"step"} <= slowed_types
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (LEVEL1.read_text()[:5000], "line "),  # cut in the middle of a row
+        ("Name,Foo\nx,1\n", "no Type / OP Type / Op Type column"),
+        (b"\x00\x01\xff\xfe garbage", "is not UTF-8 text"),
+        ("Step Id,Name,Type,Start Time(us),Duration(us)\n1,a,Add,12x,3\n", "line 2, column 'Start Time(us)': '12x' is not a number"),
+        ("Step Id,Name,Type,Start Time(us),Duration(us)\n", "holds no task rows"),
+    ],
+)
+def test_malformed_csv_is_named(tmp_path, content, message) -> None:
+    path = tmp_path / "kernel_details.csv"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ImportError_) as info:
+        import_profile(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur"', "is not valid JSON"),
+        ('{"foo": 1}', "no trace events"),
+        ('[{"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1, "dur": 2}]', "no device events"),
+        ('[{"ph": "X", "cat": "kernel", "name": "k", "ts": "abc", "dur": 2}]', "event 0 ts: 'abc' is not a number"),
+    ],
+)
+def test_malformed_trace_is_named(tmp_path, content, message, capsys) -> None:
+    path = tmp_path / "trace.json"
+    path.write_text(content)
+    with pytest.raises(ImportError_, match=message):
+        import_profile(path)
+    # the oam command turns it into one line on stderr and exit 2, never a traceback
+    assert main(["compare", str(path), str(path)]) == 2
+    assert str(path) in capsys.readouterr().err
+
+
+def test_chrome_trace_of_simulated_and_real_profiles(tmp_path, capsys) -> None:
+    import simulator
+    from pytest_oam.trace import to_chrome_trace
+
+    def work(npu):
+        q = npu.tensor((1, 8, 1024, 128))
+        npu.flash_attention(q, q, q)
+        npu.all_reduce(npu.tensor((1 << 20,)))
+
+    profile = simulator.run(work, devices=8, steps=2, memory=True)
+    trace = to_chrome_trace(profile)
+    events = trace["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == len(profile.ops) == 4
+    assert {e["tid"] for e in slices} == {1, 2}  # compute and HCCL tracks
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert counters == {"AI Core pipes", "HBM (caching allocator)"}
+    assert slices[0]["args"]["source"].endswith(f"test_importers.py:{work.__code__.co_firstlineno + 2}")
+    # the command writes real profiles too, as JSON any trace viewer reads
+    assert main(["trace", str(LEVEL1), "-o", str(tmp_path / "t.json")]) == 0
+    written = json.loads((tmp_path / "t.json").read_text())
+    assert sum(e["ph"] == "X" for e in written["traceEvents"]) == 191
+    assert main(["trace", str(LEVEL1), "-o", str(tmp_path / "t.json")]) == 2  # kept without --force
