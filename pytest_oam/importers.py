@@ -209,8 +209,9 @@ def import_chrome_trace(path: str | Path) -> Profile:
     path = Path(path)
     data = _read_json(path)
     events = data if isinstance(data, list) else data.get("traceEvents") if isinstance(data, dict) else None
-    if not isinstance(events, list):
-        raise ImportError_(f"{path}: no trace events (expected a JSON array or an object with 'traceEvents')")
+    if not isinstance(events, list) or not any(isinstance(e, dict) and "ph" in e for e in events):
+        raise ImportError_(f"{path}: no trace events: not a profile, a baseline file or a Chrome trace "
+                           "(a JSON array of events, or an object with 'traceEvents')")
     hardware_pids = {e.get("pid") for e in events if isinstance(e, dict) and e.get("ph") == "M"
                      and e.get("name") == "process_name" and (e.get("args") or {}).get("name") == "Ascend Hardware"}
     source = "torch_npu" if hardware_pids else "kineto"

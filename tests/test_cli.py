@@ -96,7 +96,7 @@ def test_bad_files_and_limits_exit_2(tmp_path, capsys) -> None:
     cases = [
         ([tmp_path / "missing.json"], "missing.json: cannot be read"),
         ([tmp_path / "garbage.json"], "garbage.json: is not a JSON profile or baseline"),
-        ([tmp_path / "list.json"], "list.json: is neither a profile (no 'ops') nor a baseline file"),
+        ([tmp_path / "list.json"], "list.json: no trace events: not a profile, a baseline file or a Chrome trace"),
         ([tmp_path / "b910b.json"], "the baseline was made on ascend910 x 8, the current profile on ascend910b x 8"),
         ([tmp_path / "b.json", "--threshold=-5%"], "-5%"),
         ([tmp_path / "b.json", "--threshold", "5"], "5"),
