@@ -8,7 +8,11 @@ when the Python API (:mod:`pytest_oam.api`) is first used.
 __version__ = "0.1.0"
 
 _API = ("ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models")
-__all__ = list(_API)
+_TUNE = ("OptimizationTarget", "ParameterSpace", "auto_tune")
+__all__ = [  # noqa: RUF022 - the API first, then tuning
+    "ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models",
+    "OptimizationTarget", "ParameterSpace", "auto_tune",
+]
 
 
 def __getattr__(name: str):
@@ -16,4 +20,8 @@ def __getattr__(name: str):
         from . import api
 
         return getattr(api, name)
+    if name in _TUNE:
+        from . import tune
+
+        return getattr(tune, name)
     raise AttributeError(f"module 'pytest_oam' has no attribute {name!r}")

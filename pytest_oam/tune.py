@@ -1,0 +1,356 @@
+"""Auto-tuning: a constrained search over a workload's parameters on the simulator.
+
+    from pytest_oam import OptimizationTarget, ParameterSpace, auto_tune
+    target = OptimizationTarget(operator="FlashAttention", metric="throughput_tokens_per_s",
+                                constraint="latency_ms < 50")
+    space = ParameterSpace()
+    space.add_discrete("block_size", [128, 256, 512, 1024])
+    space.add_discrete("pipeline_stages", [2, 3, 4, 5])
+    space.add_boolean("enable_fusion")
+    best = auto_tune(target=target, param_space=space, workload=attention, max_iterations=50, seed=0)
+
+The search engine is Optuna (``pip install 'pytest-oam[tune]'``): a space no larger than
+``max_iterations`` is enumerated (the optimum is certain); a larger one is searched with TPE,
+constraint-aware. A configuration that cannot run (does not fit in L1 or HBM, breaks a
+divisibility rule) is an infeasible trial with its reason, never an exception. Duplicate
+proposals are answered from a cache and do not count against ``max_iterations``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+import operator
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Metric -> (direction, description). Times per step; memory needs a memory-tracked run.
+METRICS: dict[str, tuple[str, str]] = {
+    "throughput_tokens_per_s": ("maximize", "tokens per step over the time (of the operator, or the step)"),
+    "latency_ms": ("minimize", "time per step of the operator (or the whole step), in milliseconds"),
+    "flop_per_s": ("maximize", "FLOP per second of the operator (or the step)"),
+    "peak_memory_bytes": ("minimize", "peak reserved HBM of the caching allocator"),
+}
+_COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_CONDITION = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+class TuneError(ValueError):
+    """Bad tuning input, found before any evaluation."""
+
+
+@dataclass(frozen=True)
+class OptimizationTarget:
+    """What to optimise: ``metric`` of ``operator`` (an op type; ``None``: the whole step),
+    subject to ``constraint`` (``"latency_ms < 50"``, several joined with ``and``).
+
+    Raises:
+        TuneError: an unknown metric or a constraint that does not parse.
+    """
+
+    operator: str | None = None
+    metric: str = "throughput_tokens_per_s"
+    constraint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise TuneError(f"unknown metric {self.metric!r}; known: {', '.join(METRICS)}")
+        self.conditions()
+
+    @property
+    def maximize(self) -> bool:
+        return METRICS[self.metric][0] == "maximize"
+
+    def conditions(self) -> list[tuple[str, str, float]]:
+        """The constraint as (metric, comparison, bound) triples."""
+        if not self.constraint:
+            return []
+        out = []
+        for part in re.split(r"\s+and\s+", self.constraint.strip()):
+            match = _CONDITION.match(part)
+            if not match:
+                raise TuneError(f"constraint {self.constraint!r}: {part!r} is not METRIC < NUMBER "
+                                f"(comparisons <, <=, >, >=; metrics {', '.join(METRICS)})")
+            name, op, bound = match.groups()
+            if name not in METRICS:
+                raise TuneError(f"constraint {self.constraint!r}: unknown metric {name!r}; known: {', '.join(METRICS)}")
+            try:
+                value = float(bound)
+            except ValueError:
+                raise TuneError(f"constraint {self.constraint!r}: {bound!r} is not a number") from None
+            out.append((name, op, value))
+        return out
+
+    def metrics_needed(self) -> set[str]:
+        return {self.metric} | {name for name, _, _ in self.conditions()}
+
+
+@dataclass
+class ParameterSpace:
+    """The parameters to search and their values."""
+
+    params: dict[str, tuple[str, tuple]] = field(default_factory=dict)
+
+    def _add(self, name: str, kind: str, spec: tuple) -> ParameterSpace:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TuneError(f"parameter name {name!r} must be a Python identifier (it is a keyword argument)")
+        if name in self.params:
+            raise TuneError(f"parameter {name!r} is already in the space")
+        self.params[name] = (kind, spec)
+        return self
+
+    def add_discrete(self, name: str, values: Sequence[Any]) -> ParameterSpace:
+        values = tuple(values)
+        if not values:
+            raise TuneError(f"parameter {name!r}: no values")
+        if len(set(map(repr, values))) != len(values):
+            raise TuneError(f"parameter {name!r}: repeated values {list(values)}")
+        return self._add(name, "discrete", values)
+
+    def add_boolean(self, name: str) -> ParameterSpace:
+        return self._add(name, "discrete", (False, True))
+
+    def add_int(self, name: str, low: int, high: int, step: int = 1) -> ParameterSpace:
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high, step)) or step < 1 or high < low:
+            raise TuneError(f"parameter {name!r}: need integers low <= high and step >= 1, got {low}, {high}, {step}")
+        return self._add(name, "int", (low, high, step))
+
+    def add_float(self, name: str, low: float, high: float) -> ParameterSpace:
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise TuneError(f"parameter {name!r}: need finite low < high, got {low}, {high}")
+        return self._add(name, "float", (low, high))
+
+    @property
+    def size(self) -> float:
+        """Number of configurations (``inf`` with a float parameter)."""
+        total = 1
+        for kind, spec in self.params.values():
+            if kind == "discrete":
+                total *= len(spec)
+            elif kind == "int":
+                total *= (spec[1] - spec[0]) // spec[2] + 1
+            else:
+                return math.inf
+        return total
+
+    def grid(self) -> list[dict[str, Any]]:
+        """Every configuration (a finite space only)."""
+        axes = []
+        for kind, spec in self.params.values():
+            axes.append(list(spec) if kind == "discrete" else list(range(spec[0], spec[1] + 1, spec[2])))
+        return [dict(zip(self.params, combo, strict=True)) for combo in itertools.product(*axes)]
+
+    def suggest(self, trial) -> dict[str, Any]:
+        """The configuration an Optuna trial proposes."""
+        out = {}
+        for name, (kind, spec) in self.params.items():
+            if kind == "discrete":
+                index = trial.suggest_categorical(name, list(range(len(spec))))
+                out[name] = spec[index]
+            elif kind == "int":
+                out[name] = trial.suggest_int(name, spec[0], spec[1], step=spec[2])
+            else:
+                out[name] = trial.suggest_float(name, spec[0], spec[1])
+        return out
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One evaluated configuration. ``reason`` says why an infeasible one is infeasible."""
+
+    params: dict[str, Any]
+    metrics: dict[str, float]
+    feasible: bool
+    reason: str | None = None
+    violation: float = 0.0  # how far outside the constraint (0 when met), for "closest"
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What :func:`auto_tune` found. ``best`` is ``None`` when no configuration is feasible;
+    ``closest`` then lists the nearest misses."""
+
+    target: OptimizationTarget
+    best: Trial | None
+    default: Trial
+    trials: list[Trial]
+    unique_evaluations: int
+    exhaustive: bool
+    closest: list[Trial] = field(default_factory=list)
+
+    @property
+    def best_params(self) -> dict[str, Any] | None:
+        return None if self.best is None else self.best.params
+
+    @property
+    def improvement_frac(self) -> float | None:
+        """Relative gain of the best over the default configuration on the target metric."""
+        if self.best is None or not self.default.feasible and self.target.metric not in self.default.metrics:
+            return None
+        base = self.default.metrics.get(self.target.metric)
+        new = self.best.metrics[self.target.metric]
+        if not base:
+            return None
+        return (new / base - 1) if self.target.maximize else (base / new - 1)
+
+
+def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_kwargs: dict) -> Trial:
+    import simulator
+    from simulator.allocator import OutOfMemoryError
+
+    needs_memory = "peak_memory_bytes" in target.metrics_needed()
+    try:
+        profile = simulator.run(workload, memory=needs_memory, **run_kwargs, **params)
+    except (ValueError, OutOfMemoryError) as exc:  # ShapeError is a ValueError
+        return Trial(params, {}, False, f"cannot run: {exc}", math.inf)
+    if target.operator is None:
+        time_s, flop = profile.step_time_s, sum(op.flop for op in profile.ops) / profile.steps
+    else:
+        if target.operator not in profile.op_types:
+            return Trial(params, {}, False, f"the workload ran no {target.operator}", math.inf)
+        time_s = profile.op_time_s(target.operator)
+        flop = sum(op.flop for op in profile.ops_of(target.operator)) / profile.op_steps(target.operator)
+    metrics = {"latency_ms": time_s * 1e3, "flop_per_s": flop / time_s if time_s else 0.0}
+    if profile.tokens_per_step:
+        metrics["throughput_tokens_per_s"] = profile.tokens_per_step / time_s
+    if profile.memory:
+        metrics["peak_memory_bytes"] = float(max(m.reserved_peak_bytes for m in profile.memory))
+    missing = sorted(target.metrics_needed() - set(metrics))
+    if missing:
+        return Trial(params, metrics, False, f"no {', '.join(missing)} (throughput needs npu.set_tokens_per_step)",
+                     math.inf)
+    violation = 0.0
+    failed = []
+    for name, op, bound in target.conditions():
+        if not _COMPARE[op](metrics[name], bound):
+            failed.append(f"{name} {metrics[name]:.4g} is not {op} {bound:g}")
+            violation += abs(metrics[name] - bound) / max(abs(bound), 1e-12)
+    return Trial(params, metrics, not failed, "; ".join(failed) or None, violation)
+
+
+def _check_workload(workload: Callable, names: list[str]) -> None:
+    try:
+        signature = inspect.signature(workload)
+    except (TypeError, ValueError):
+        return
+    params = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    accepted = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    unknown = [n for n in names if n not in accepted]
+    if unknown:
+        raise TuneError(f"the workload {getattr(workload, '__name__', workload)!r} does not accept "
+                        f"{', '.join(map(repr, unknown))}; it takes {', '.join(sorted(accepted - {'npu'}))}")
+
+
+def auto_tune(
+    *,
+    target: OptimizationTarget,
+    param_space: ParameterSpace,
+    workload: Callable,
+    max_iterations: int = 50,
+    early_stopping: bool = True,
+    patience: int = 15,
+    seed: int = 0,
+    hardware: str = "ascend910",
+    devices: int = 1,
+    steps: int = 1,
+    storage: str | None = None,
+    study_name: str | None = None,
+    **fixed: Any,
+) -> TuneResult:
+    """Search ``param_space`` for the configuration of ``workload(npu, **fixed, **params)``
+    that optimises ``target`` (see the module docstring).
+
+    ``max_iterations`` bounds the unique evaluations; with ``early_stopping`` the search stops
+    when the best feasible value has not improved for ``patience`` unique evaluations.
+    ``storage`` (an Optuna storage URL such as ``sqlite:///tune.db``) and ``study_name`` let
+    several processes share one study.
+
+    Raises:
+        TuneError: an empty space, a parameter the workload does not accept, a bad
+            ``max_iterations`` or ``patience``, all before any evaluation.
+        ImportError: Optuna is not installed and the space must be searched.
+    """
+    if not param_space.params:
+        raise TuneError("the parameter space is empty: add parameters with add_discrete, add_int, ...")
+    if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
+        raise TuneError(f"max_iterations must be a positive integer, got {max_iterations!r}")
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        raise TuneError(f"patience must be a positive integer, got {patience!r}")
+    _check_workload(workload, [*param_space.params, *fixed])
+    run_kwargs = {"hardware": hardware, "devices": devices, "steps": steps, **fixed}
+    default = _measure(target, workload, {}, run_kwargs)
+    cache: dict[tuple, Trial] = {}
+    order: list[Trial] = []
+    sign = -1.0 if target.maximize else 1.0
+
+    def evaluate(params: dict) -> Trial:
+        key = tuple(sorted((k, repr(v)) for k, v in params.items()))
+        if key not in cache:
+            cache[key] = _measure(target, workload, params, run_kwargs)
+            order.append(cache[key])
+        return cache[key]
+
+    def better(a: Trial | None, b: Trial) -> bool:
+        return b.feasible and (a is None or sign * b.metrics[target.metric] < sign * a.metrics[target.metric])
+
+    exhaustive = param_space.size <= max_iterations
+    best: Trial | None = None
+    if exhaustive:
+        for params in param_space.grid():
+            trial = evaluate(params)
+            if better(best, trial):
+                best = trial
+    else:
+        best = _search(param_space, evaluate, better, sign, target, max_iterations, early_stopping, patience, seed,
+                       storage, study_name, cache)
+    closest = [] if best is not None else sorted(order, key=lambda t: t.violation)[:3]
+    return TuneResult(target, best, default, list(order), len(order), exhaustive, closest)
+
+
+def _search(space, evaluate, better, sign, target, max_iterations, early_stopping, patience, seed, storage,
+            study_name, cache) -> Trial | None:
+    try:
+        import optuna
+    except ImportError:
+        raise ImportError("searching a space larger than max_iterations needs Optuna: "
+                          "pip install 'pytest-oam[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Optuna 5 takes a trial's constraint values from Trial.set_constraint; 4.x from the
+    # sampler's constraints_func.
+    modern = hasattr(optuna.trial.Trial, "set_constraint")
+    if modern:
+        sampler = optuna.samplers.TPESampler(seed=seed)
+    else:
+        sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=lambda t: (t.user_attrs.get("violation", 0.0),))
+    study = optuna.create_study(direction="minimize", sampler=sampler, storage=storage, study_name=study_name,
+                                load_if_exists=storage is not None)
+    best, since_best, asked = None, 0, 0
+    while len(cache) < max_iterations and asked < 20 * max_iterations:
+        asked += 1
+        trial = study.ask()
+        params = space.suggest(trial)
+        new = len(cache)
+        result = evaluate(params)
+        fresh = len(cache) > new
+        value = sign * result.metrics[target.metric] if result.feasible else (
+            sign * result.metrics[target.metric] if target.metric in result.metrics else 1e300)
+        violation = 0.0 if result.feasible else min(1e6, max(result.violation, 1.0))
+        if modern:
+            trial.set_constraint("violation", violation)
+        else:
+            trial.set_user_attr("violation", violation)
+        study.tell(trial, value)
+        if not fresh:
+            continue
+        if better(best, result):
+            best, since_best = result, 0
+        else:
+            since_best += 1
+        if early_stopping and best is not None and since_best >= patience:
+            break
+    return best

@@ -1,0 +1,99 @@
+"""Auto-tuning: exhaustive when the space is small (checked against brute force), TPE when it
+is large, infeasible configurations as results, and bad input refused before any evaluation."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pytest_oam import OptimizationTarget, ParameterSpace, auto_tune
+from pytest_oam.tune import TuneError, _measure
+
+# Llama-2-7B attention on one 910A card: 32 heads of 128, sequence 4096, causal.
+SEQ, HEADS = 4096, 32
+
+
+def attention(npu, block_size=128, pipeline_stages=2, enable_fusion=True):
+    npu.set_tokens_per_step(SEQ)
+    q = npu.tensor((1, HEADS, SEQ, 128))
+    npu.flash_attention(q, q, q, block_size=block_size, pipeline_stages=pipeline_stages, fusion=enable_fusion,
+                        causal=True)
+
+
+def issue_space() -> ParameterSpace:
+    space = ParameterSpace()
+    space.add_discrete("block_size", [128, 256, 512, 1024])
+    space.add_discrete("pipeline_stages", [2, 3, 4, 5])
+    space.add_boolean("enable_fusion")
+    return space
+
+
+TARGET = OptimizationTarget(operator="FlashAttention", metric="throughput_tokens_per_s", constraint="latency_ms < 50")
+
+
+def test_small_space_is_enumerated_and_matches_brute_force() -> None:
+    result = auto_tune(target=TARGET, param_space=issue_space(), workload=attention, max_iterations=50, seed=0)
+    assert result.exhaustive and result.unique_evaluations == 32
+    brute = []
+    for block, stages, fusion in itertools.product([128, 256, 512, 1024], [2, 3, 4, 5], [False, True]):
+        params = {"block_size": block, "pipeline_stages": stages, "enable_fusion": fusion}
+        trial = _measure(TARGET, attention, params, {"hardware": "ascend910", "devices": 1, "steps": 1})
+        if trial.feasible:
+            brute.append((trial.metrics["throughput_tokens_per_s"], params))
+    assert result.best.metrics["throughput_tokens_per_s"] == max(brute, key=lambda b: b[0])[0]
+    assert result.best_params == max(brute, key=lambda b: b[0])[1]
+    # configurations whose K/V blocks do not fit in L1 are infeasible trials, with the reason
+    infeasible = [t for t in result.trials if not t.feasible]
+    assert infeasible and all("need" in t.reason and "bytes of L1" in t.reason for t in infeasible)
+    assert result.improvement_frac is not None and result.improvement_frac >= 0
+    assert result.default.params == {} and result.default.feasible
+
+
+def test_large_space_uses_tpe_within_the_budget_and_caches_duplicates() -> None:
+    def matmul(npu, m_tiles=1, n_tiles=1):
+        npu.matmul(npu.tensor((128 * m_tiles, 1024)), npu.tensor((1024, 128 * n_tiles)))
+
+    space = ParameterSpace().add_int("m_tiles", 1, 64).add_int("n_tiles", 1, 64)  # 4,096 configurations
+    target = OptimizationTarget(operator="MatMul", metric="flop_per_s", constraint="latency_ms < 0.05")
+    result = auto_tune(target=target, param_space=space, workload=matmul, max_iterations=25, seed=3)
+    assert not result.exhaustive and result.unique_evaluations <= 25
+    assert len({tuple(sorted(t.params.items())) for t in result.trials}) == len(result.trials)
+    assert result.best is not None and result.best.metrics["latency_ms"] < 0.05
+
+
+def test_no_feasible_configuration_says_so_and_shows_the_closest() -> None:
+    target = OptimizationTarget(operator="FlashAttention", metric="latency_ms", constraint="latency_ms < 0.001")
+    result = auto_tune(target=target, param_space=issue_space(), workload=attention)
+    assert result.best is None and result.best_params is None and result.improvement_frac is None
+    assert len(result.closest) == 3 and all(t.metrics for t in result.closest)
+
+
+def test_peak_memory_is_a_metric() -> None:
+    def work(npu, width=1):
+        keep = [npu.tensor((width, 1024, 1024)) for _ in range(4)]
+        npu.add(keep[0], keep[0])
+
+    space = ParameterSpace().add_discrete("width", [1, 2, 4])
+    result = auto_tune(target=OptimizationTarget(metric="peak_memory_bytes"), param_space=space, workload=work)
+    assert result.best_params == {"width": 1} and result.best.metrics["peak_memory_bytes"] > 0
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: OptimizationTarget(metric="throughput"), "unknown metric 'throughput'; known: "),
+        (lambda: OptimizationTarget(constraint="latency_ms << 5"), "is not METRIC < NUMBER"),
+        (lambda: OptimizationTarget(constraint="memory < 5"), "unknown metric 'memory'"),
+        (lambda: auto_tune(target=TARGET, param_space=ParameterSpace(), workload=attention), "the parameter space is empty"),
+        (lambda: auto_tune(target=TARGET, param_space=ParameterSpace().add_discrete("blok_size", [64]), workload=attention),
+         "does not accept 'blok_size'; it takes block_size, enable_fusion, pipeline_stages"),
+        (lambda: ParameterSpace().add_discrete("x", []), "parameter 'x': no values"),
+        (lambda: ParameterSpace().add_int("x", 5, 1), "need integers low <= high"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload=attention, max_iterations=0),
+         "max_iterations must be a positive integer"),
+    ],
+)
+def test_bad_input_before_any_evaluation(make, message) -> None:
+    with pytest.raises(TuneError, match=message):
+        make()
