@@ -7,10 +7,10 @@ when the Python API (:mod:`pytest_oam.api`) is first used.
 
 __version__ = "0.1.0"
 
-_API = ("ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models")
+_API = ("ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models", "load_any")
 _TUNE = ("OptimizationTarget", "ParameterSpace", "auto_tune")
 __all__ = [  # noqa: RUF022 - the API first, then tuning
-    "ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models",
+    "ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models", "load_any",
     "OptimizationTarget", "ParameterSpace", "auto_tune",
 ]
 

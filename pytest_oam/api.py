@@ -527,7 +527,9 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
         data = json.loads(gzip.decompress(raw) if compressed else raw)
     except OSError as exc:
         raise ProfileFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise ProfileFileError(f"{path}: is not a profile, a baseline or a trace: its JSON nests too deeply") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, ValueError) as exc:
         raise ProfileFileError(f"{path}: is not a JSON profile or baseline ({exc})") from None
     if isinstance(data, list) or (isinstance(data, dict) and "traceEvents" in data):
         try:

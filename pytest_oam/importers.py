@@ -11,21 +11,24 @@ Formats:
   ``Ascend Hardware`` process holds the device tasks).
 
 A run's step time is the span of its device tasks in a step (``ProfilerStep#N`` annotations
-in traces, ``Step Id`` in CSVs); a trace without step annotations is one step, idle gaps
-included.
+in traces, ``Step Id`` in CSVs); a trace without step annotations is one step whose time is
+the device's busy time (the union of its kernels), not the trace's span with the host's gaps.
 
 Real files have traps, handled here: timestamps with trailing tabs or given as strings,
 ``N/A`` in metric columns, a top-level array instead of an object. Every problem is a
 :class:`ImportError_` naming the file and the line or field at fault.
 
-Identity of an imported profile: ``hardware`` is ``real:<source>`` (``real:torch_npu``,
-``real:kineto``) and ``simulator_version`` is ``imported``, so imported runs compare with
-imported runs of the same kind, never with simulated ones.
+Identity of an imported profile: ``hardware`` is ``real:<source>`` (``real:torch_npu`` for
+the CSVs, ``real:torch_npu-trace``, ``real:kineto``) and ``simulator_version`` is ``imported``,
+so imported runs compare with imported runs of the same kind, never with simulated ones; the
+workload fingerprint is the first step's op sequence, so runs that profiled different numbers
+of steps still compare.
 """
 
 from __future__ import annotations
 
 import csv
+import decimal
 import gzip
 import hashlib
 import io
@@ -63,7 +66,7 @@ class ImportError_(ValueError):
 def _number(text: object, path: Path, where: str, default: float | None = None) -> float:
     """A number from a real file: strips tabs and spaces, ``N/A`` and empty give ``default``."""
     raw = str(text).strip() if text is not None else ""
-    if raw in ("", "N/A", "NA", "-", "nan") and default is not None:
+    if raw in ("", "N/A", "NA", "-") and default is not None:
         return default
     try:
         value = float(raw)
@@ -71,6 +74,26 @@ def _number(text: object, path: Path, where: str, default: float | None = None) 
         raise ImportError_(f"{path}: {where}: {raw!r} is not a number") from None
     if not math.isfinite(value):
         raise ImportError_(f"{path}: {where}: {raw!r} is not finite")
+    return value
+
+
+def _timestamp_us(text: object, path: Path, where: str) -> decimal.Decimal:
+    """A timestamp in microseconds, exactly: string timestamps such as
+    ``"1704161511422904.204"`` lose their sub-microsecond part as floats."""
+    raw = str(text).strip() if text is not None else ""
+    try:
+        value = decimal.Decimal(raw)
+    except decimal.InvalidOperation:
+        raise ImportError_(f"{path}: {where}: {raw!r} is not a number") from None
+    if not value.is_finite():
+        raise ImportError_(f"{path}: {where}: {raw!r} is not finite")
+    return value
+
+
+def _duration_us(text: object, path: Path, where: str) -> float:
+    value = _number(text, path, where)
+    if value < 0:
+        raise ImportError_(f"{path}: {where}: negative duration {value:g}")
     return value
 
 
@@ -87,15 +110,17 @@ def _shapes(text: str) -> list[list[int]]:
 
 
 def _fingerprint(ops: Iterable[OpRecord]) -> str:
+    """The op sequence of the first step: real runs profile different numbers of steps."""
     digest = hashlib.sha256()
     for op in ops:
-        digest.update(f"{op.step}|{op.op_type}|{op.input_shapes}|{op.dtype};".encode())
+        if op.step == 0:
+            digest.update(f"{op.op_type}|{op.input_shapes}|{op.dtype};".encode())
     return digest.hexdigest()[:16]
 
 
-def _profile(ops: list[OpRecord], source: str, steps: int) -> Profile:
+def _profile(ops: list[OpRecord], source: str, steps: int, step_times_s: list[float] | None = None) -> Profile:
     return Profile(simulator_version="imported", hardware=f"real:{source}", devices=1, steps=max(1, steps),
-                   workload_fingerprint=_fingerprint(ops), ops=ops)
+                   workload_fingerprint=_fingerprint(ops), ops=ops, measured_step_times_s=step_times_s)
 
 
 def _record(**fields) -> OpRecord:
@@ -120,8 +145,16 @@ def import_ascend_csv(path: str | Path) -> Profile:
     """
     path = Path(path)
     text = _read_text(path)
-    reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip() for h in (reader.fieldnames or [])]
+    if not text.strip():
+        raise ImportError_(f"{path}: is empty")
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        header = [h.strip() for h in (reader.fieldnames or [])]
+    except csv.Error as exc:
+        raise ImportError_(f"{path}: line 1: not a valid CSV header ({exc})") from None
+    repeated = sorted({h for h in header if header.count(h) > 1 and h})
+    if repeated:
+        raise ImportError_(f"{path}: line 1: column {', '.join(map(repr, repeated))} appears more than once")
     reader.fieldnames = header
 
     def column(key: str, required: bool = True) -> str | None:
@@ -140,17 +173,26 @@ def import_ascend_csv(path: str | Path) -> Profile:
     rows = []
     try:
         for line, row in enumerate(reader, start=2):
-            if None in row or any(v is None for v in row.values()):
-                raise ImportError_(f"{path}: line {line}: {len(row)} fields do not match the {len(header)} columns "
-                                   "(truncated file?)")
+            if None in row:
+                raise ImportError_(f"{path}: line {line}: more fields than the {len(header)} columns")
+            if any(v is None for v in row.values()):
+                filled = sum(v is not None for v in row.values())
+                raise ImportError_(f"{path}: line {line}: {filled} fields for {len(header)} columns (truncated file?)")
+            if not (row[c_type].strip() or row[c_name].strip()):
+                raise ImportError_(f"{path}: line {line}: no {c_type} and no {c_name}")
+            if c_step and not row[c_step].strip():
+                raise ImportError_(f"{path}: line {line}: empty {c_step}")
             rows.append((line, row))
     except csv.Error as exc:
-        raise ImportError_(f"{path}: not a valid CSV: {exc}") from None
+        raise ImportError_(f"{path}: line {reader.line_num}: not a valid CSV row ({exc})") from None
     if not rows:
         raise ImportError_(f"{path}: holds no task rows")
-    step_ids = sorted({row[c_step].strip() for _, row in rows}) if c_step else ["0"]
+    def step_key(text: str) -> tuple:
+        return (0, float(text), text) if re.fullmatch(r"[-+]?\d+(\.\d*)?", text) else (1, 0.0, text)
+
+    step_ids = sorted({row[c_step].strip() for _, row in rows}, key=step_key) if c_step else ["0"]
     step_index = {s: i for i, s in enumerate(step_ids)}
-    starts = [_number(row[c_start], path, f"line {line}, column {c_start!r}") for line, row in rows]
+    starts = [_timestamp_us(row[c_start], path, f"line {line}, column {c_start!r}") for line, row in rows]
     origin = min(starts)
     ops = []
     for (line, row), start in zip(rows, starts, strict=True):
@@ -163,13 +205,13 @@ def import_ascend_csv(path: str | Path) -> Profile:
             name=row[c_name].strip(),
             step=step_index[row[c_step].strip()] if c_step else 0,
             stream="hccl" if core.upper().startswith("HCCL") or row[c_type].strip().startswith("hcom") else "compute",
-            start_s=(start - origin) * 1e-6,
-            duration_s=_number(row[c_dur], path, f"{where}, column {c_dur!r}") * 1e-6,
-            block_dim=int(_number(row[c_block], path, f"{where}, column {c_block!r}", 0.0)) if c_block else 0,
+            start_s=float(start - origin) * 1e-6,
+            duration_s=_duration_us(row[c_dur], path, f"{where}, column {c_dur!r}") * 1e-6,
+            block_dim=max(0, int(_number(row[c_block], path, f"{where}, column {c_block!r}", 0.0))) if c_block else 0,
             input_shapes=_shapes(row[c_shapes]) if c_shapes else [],
             dtype=row[c_dtypes].split(";")[0].strip().lower() if c_dtypes else "",
-            mac_ratio=min(1.0, ratios["mac_ratio"]), vec_ratio=min(1.0, ratios["vec_ratio"]),
-            mte2_ratio=min(1.0, ratios["mte2_ratio"]),
+            mac_ratio=min(1.0, max(0.0, ratios["mac_ratio"])), vec_ratio=min(1.0, max(0.0, ratios["vec_ratio"])),
+            mte2_ratio=min(1.0, max(0.0, ratios["mte2_ratio"])),
         ))
     return _profile(ops, "torch_npu", len(step_ids))
 
@@ -212,32 +254,34 @@ def import_chrome_trace(path: str | Path) -> Profile:
     if not isinstance(events, list) or not any(isinstance(e, dict) and "ph" in e for e in events):
         raise ImportError_(f"{path}: no trace events: not a profile, a baseline file or a Chrome trace "
                            "(a JSON array of events, or an object with 'traceEvents')")
-    hardware_pids = {e.get("pid") for e in events if isinstance(e, dict) and e.get("ph") == "M"
-                     and e.get("name") == "process_name" and (e.get("args") or {}).get("name") == "Ascend Hardware"}
-    source = "torch_npu" if hardware_pids else "kineto"
+    def args_of(e: dict) -> dict:
+        args = e.get("args")
+        return args if isinstance(args, dict) else {}
+
+    hardware_pids = {str(e.get("pid")) for e in events if isinstance(e, dict) and e.get("ph") == "M"
+                     and e.get("name") == "process_name" and args_of(e).get("name") == "Ascend Hardware"}
+    source = "torch_npu-trace" if hardware_pids else "kineto"
     device, steps = [], []
     for i, e in enumerate(events):
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         name = str(e.get("name", ""))
         if name.startswith("ProfilerStep#"):
-            steps.append((_number(e.get("ts"), path, f"event {i} ('{name}') ts"),
-                          _number(e.get("dur"), path, f"event {i} ('{name}') dur")))
-        if e.get("cat") in _KERNEL_CATS or e.get("pid") in hardware_pids:
+            start = _timestamp_us(e.get("ts"), path, f"event {i} ('{name}') ts")
+            steps.append((start, start + decimal.Decimal(repr(_duration_us(e.get("dur"), path, f"event {i} ('{name}') dur")))))
+        if e.get("cat") in _KERNEL_CATS or str(e.get("pid")) in hardware_pids:
             device.append((i, e))
     if not device:
         raise ImportError_(f"{path}: no device events (Kineto 'kernel' events or an 'Ascend Hardware' process)")
     steps.sort()
     records = []
     for i, e in device:
-        ts = _number(e.get("ts"), path, f"event {i} ts")
-        dur = _number(e.get("dur"), path, f"event {i} dur", 0.0)
-        step = next((k for k, (s, d) in enumerate(steps) if s <= ts <= s + d), 0 if not steps else None)
+        ts = _timestamp_us(e.get("ts"), path, f"event {i} ts")
+        dur = _duration_us(e.get("dur"), path, f"event {i} dur")
+        step = next((k for k, (s, end) in enumerate(steps) if s <= ts <= end), 0 if not steps else None)
         if step is None:
             continue  # outside every profiled step
-        name = str(e.get("name", ""))
-        args = e.get("args") or {}
-        records.append((ts, dur, step, name, args))
+        records.append((ts, dur, step, str(e.get("name", "")), args_of(e)))
     if not records:
         raise ImportError_(f"{path}: no device event falls inside a ProfilerStep")
     origin = min(r[0] for r in records)
@@ -246,11 +290,25 @@ def import_chrome_trace(path: str | Path) -> Profile:
     ops = [
         _record(op_type=_short_kernel_name(name) if source == "kineto" else _ascend_task_type(name),
                 name=name[:200], step=renumber[step], stream="hccl" if "nccl" in name.lower() or name.startswith("hcom")
-                else "compute", start_s=(ts - origin) * 1e-6, duration_s=dur * 1e-6,
-                block_dim=int(args.get("blocks per SM", 0) or 0) if isinstance(args.get("blocks per SM"), int) else 0)
-        for ts, dur, step, name, args in sorted(records, key=lambda r: r[0])
+                else "compute", start_s=float(ts - origin) * 1e-6, duration_s=dur * 1e-6)
+        for ts, dur, step, name, _ in sorted(records, key=lambda r: r[0])
     ]
-    return _profile(ops, source, len(used_steps))
+    if steps:
+        return _profile(ops, source, len(used_steps))
+    # No ProfilerStep annotations: the span of a whole trace includes the host's idle gaps
+    # (seconds of them in a benchmark), so the step time is the device's busy time instead.
+    return _profile(ops, source, 1, step_times_s=[_busy_s(ops)])
+
+
+def _busy_s(ops: list[OpRecord]) -> float:
+    """Time in which at least one op ran (the union of the ops' intervals)."""
+    total, end = 0.0, -math.inf
+    for op in sorted(ops, key=lambda o: o.start_s):
+        stop = op.start_s + op.duration_s
+        if stop > end:
+            total += stop - max(op.start_s, end)
+            end = stop
+    return total
 
 
 # -- entry point --------------------------------------------------------------------------------
@@ -279,7 +337,9 @@ def _read_text(path: Path) -> str:
 def _read_json(path: Path) -> object:
     try:
         return json.loads(_read_bytes(path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise ImportError_(f"{path}: is not a trace: its JSON nests too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, and int literals past the digit limit
         raise ImportError_(f"{path}: is not valid JSON ({exc})") from None
 
 

@@ -103,6 +103,8 @@ class ParameterSpace:
         return self
 
     def add_discrete(self, name: str, values: Sequence[Any]) -> ParameterSpace:
+        if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
+            raise TuneError(f"parameter {name!r}: values must be a list, got {values!r}")
         values = tuple(values)
         if not values:
             raise TuneError(f"parameter {name!r}: no values")
@@ -119,7 +121,8 @@ class ParameterSpace:
         return self._add(name, "int", (low, high, step))
 
     def add_float(self, name: str, low: float, high: float) -> ParameterSpace:
-        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or not (
+                math.isfinite(low) and math.isfinite(high) and low < high):
             raise TuneError(f"parameter {name!r}: need finite low < high, got {low}, {high}")
         return self._add(name, "float", (low, high))
 
@@ -148,8 +151,10 @@ class ParameterSpace:
         out = {}
         for name, (kind, spec) in self.params.items():
             if kind == "discrete":
-                index = trial.suggest_categorical(name, list(range(len(spec))))
-                out[name] = spec[index]
+                if all(v is None or isinstance(v, (bool, int, float, str)) for v in spec):
+                    out[name] = trial.suggest_categorical(name, list(spec))  # stored as the values
+                else:
+                    out[name] = spec[trial.suggest_categorical(name, list(range(len(spec))))]
             elif kind == "int":
                 out[name] = trial.suggest_int(name, spec[0], spec[1], step=spec[2])
             else:
@@ -206,6 +211,10 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
         profile = simulator.run(workload, memory=needs_memory, **run_kwargs, **params)
     except (ValueError, OutOfMemoryError) as exc:  # ShapeError is a ValueError
         return Trial(params, {}, False, f"cannot run: {exc}", math.inf)
+    except Exception as exc:  # noqa: BLE001 - a configuration that breaks the workload is a result
+        return Trial(params, {}, False, f"the workload raised {type(exc).__name__}: {exc}", math.inf)
+    if profile.is_empty:
+        return Trial(params, {}, False, "the workload ran no op", math.inf)
     if target.operator is None:
         time_s, flop = profile.step_time_s, sum(op.flop for op in profile.ops) / profile.steps
     else:
@@ -213,7 +222,9 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
             return Trial(params, {}, False, f"the workload ran no {target.operator}", math.inf)
         time_s = profile.op_time_s(target.operator)
         flop = sum(op.flop for op in profile.ops_of(target.operator)) / profile.op_steps(target.operator)
-    metrics = {"latency_ms": time_s * 1e3, "flop_per_s": flop / time_s if time_s else 0.0}
+    if time_s <= 0:
+        return Trial(params, {}, False, "the measured time is zero", math.inf)
+    metrics = {"latency_ms": time_s * 1e3, "flop_per_s": flop / time_s}
     if profile.tokens_per_step:
         metrics["throughput_tokens_per_s"] = profile.tokens_per_step / time_s
     if profile.memory:
@@ -246,6 +257,27 @@ def _check_workload(workload: Callable, names: list[str]) -> None:
                         f"{', '.join(map(repr, unknown))}; it takes {', '.join(sorted(accepted - {'npu'}))}")
 
 
+#: Keyword arguments of ``simulator.run`` that a workload parameter may not shadow.
+_RESERVED = frozenset({"npu", "steps", "hardware", "devices", "memory", "allocator", "op_time_scale"})
+
+
+def _check_default(target: OptimizationTarget, workload: Callable, default: Trial, run_kwargs: dict) -> None:
+    """After the default configuration ran: the operator exists and the metrics can be measured.
+
+    Raises:
+        TuneError: the workload never runs ``target.operator``, or cannot give a needed metric.
+    """
+    if target.operator is None or not default.reason:
+        return
+    if default.reason.startswith(f"the workload ran no {target.operator}"):
+        import simulator
+
+        profile = simulator.run(workload, **run_kwargs)
+        raise TuneError(f"the workload runs no {target.operator!r}; its op types: {', '.join(profile.op_types)}")
+    if default.reason.startswith("no ") and "set_tokens_per_step" in default.reason:
+        raise TuneError(f"metric {target.metric!r} cannot be measured: {default.reason}")
+
+
 def auto_tune(
     *,
     target: OptimizationTarget,
@@ -275,8 +307,28 @@ def auto_tune(
             ``max_iterations`` or ``patience``, all before any evaluation.
         ImportError: Optuna is not installed and the space must be searched.
     """
+    from simulator.hardware import list_hardware
+
+    if not isinstance(target, OptimizationTarget):
+        raise TuneError(f"target must be an OptimizationTarget, got {target!r}")
+    if not isinstance(param_space, ParameterSpace):
+        raise TuneError(f"param_space must be a ParameterSpace, got {type(param_space).__name__}")
     if not param_space.params:
         raise TuneError("the parameter space is empty: add parameters with add_discrete, add_int, ...")
+    reserved = sorted(set(param_space.params) & _RESERVED)
+    if reserved:
+        raise TuneError(f"parameter {', '.join(map(repr, reserved))} is a name of the simulator's run "
+                        f"({', '.join(sorted(_RESERVED))}); rename it in the workload")
+    both = sorted(set(param_space.params) & set(fixed))
+    if both:
+        raise TuneError(f"{', '.join(map(repr, both))} is both a fixed argument and a parameter of the space")
+    if hardware not in list_hardware():
+        raise TuneError(f"unknown hardware {hardware!r}; known: {', '.join(list_hardware())}")
+    for name, value in (("devices", devices), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise TuneError(f"{name} must be a positive integer, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise TuneError(f"seed must be a non-negative integer, got {seed!r}")
     if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
         raise TuneError(f"max_iterations must be a positive integer, got {max_iterations!r}")
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
@@ -284,6 +336,7 @@ def auto_tune(
     _check_workload(workload, [*param_space.params, *fixed])
     run_kwargs = {"hardware": hardware, "devices": devices, "steps": steps, **fixed}
     default = _measure(target, workload, {}, run_kwargs)
+    _check_default(target, workload, default, run_kwargs)
     cache: dict[tuple, Trial] = {}
     order: list[Trial] = []
     sign = -1.0 if target.maximize else 1.0

@@ -134,12 +134,17 @@ class Profile(BaseModel):
     memory: list[StepMemory] = Field(default_factory=list, description="Per step, when the run tracked memory")
     focus: str | None = Field(default=None, description="Op type pattern a focused profile kept")
     context_ops: int | None = Field(default=None, ge=0)
+    measured_step_times_s: list[NonNegativeFloat] | None = Field(
+        default=None, description="Step times measured by a real profiler, when the op spans do not give them")
 
     # -- derived views (not serialised) ---------------------------------------------------
 
     @cached_property
     def step_times_s(self) -> list[float]:
-        """Wall time of each step: last op end minus first op start, over all streams."""
+        """Wall time of each step: last op end minus first op start, over all streams (or the
+        importer's ``measured_step_times_s``)."""
+        if self.measured_step_times_s is not None:
+            return list(self.measured_step_times_s)
         first: dict[int, float] = {}
         last: dict[int, float] = {}
         spans = [(op.step, op.start_s, op.start_s + op.duration_s) for op in self.ops]

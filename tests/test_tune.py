@@ -97,3 +97,50 @@ def test_peak_memory_is_a_metric() -> None:
 def test_bad_input_before_any_evaluation(make, message) -> None:
     with pytest.raises(TuneError, match=message):
         make()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"hardware": "gpu"}, "unknown hardware 'gpu'"),
+        ({"devices": 0}, "devices must be a positive integer"),
+        ({"steps": -3}, "steps must be a positive integer"),
+        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"block_size": 128}, "'block_size' is both a fixed argument and a parameter"),
+        ({"target": "latency_ms"}, "target must be an OptimizationTarget"),
+        ({"target": OptimizationTarget(operator="FlashAtention", metric="latency_ms")},
+         "the workload runs no 'FlashAtention'; its op types: FlashAttention"),
+    ],
+)
+def test_review_bad_input_is_caught_early(kwargs, message) -> None:
+    # Regressions: each of these spent the whole budget on infeasible trials, or crashed.
+    args = {"target": TARGET, "param_space": issue_space(), "workload": attention, **kwargs}
+    with pytest.raises(TuneError, match=message):
+        auto_tune(**args)
+
+
+def test_throughput_without_tokens_and_reserved_names() -> None:
+    def no_tokens(npu, width=1):
+        npu.matmul(npu.tensor((128 * width, 128)), npu.tensor((128, 128)))
+
+    space = ParameterSpace().add_discrete("width", [1, 2])
+    with pytest.raises(TuneError, match="cannot be measured: no throughput_tokens_per_s"):
+        auto_tune(target=OptimizationTarget(operator="MatMul"), param_space=space, workload=no_tokens)
+    with pytest.raises(TuneError, match="'steps' is a name of the simulator's run"):
+        auto_tune(target=TARGET, param_space=ParameterSpace().add_discrete("steps", [1, 2]), workload=attention)
+    with pytest.raises(TuneError, match="values must be a list"):
+        ParameterSpace().add_discrete("x", "abc")
+
+
+def test_a_configuration_that_breaks_the_workload_is_an_infeasible_trial() -> None:
+    def fragile(npu, width=1):
+        if width == 3:
+            raise RuntimeError("unsupported width")
+        npu.set_tokens_per_step(128)
+        npu.matmul(npu.tensor((128 * width, 128)), npu.tensor((128, 128)))
+
+    space = ParameterSpace().add_discrete("width", [1, 2, 3])
+    result = auto_tune(target=OptimizationTarget(operator="MatMul"), param_space=space, workload=fragile)
+    (broken,) = [t for t in result.trials if not t.feasible]
+    assert broken.params == {"width": 3} and "RuntimeError: unsupported width" in broken.reason
+    assert result.best is not None
