@@ -67,8 +67,10 @@ def _advice(
     flash = op_type.startswith("FlashAttention")
     tips = []
     if "count_per_step" in moved:
-        tips.append(f"{op_type} now runs {moved['count_per_step'].current:g} times per step "
-                    f"(was {moved['count_per_step'].baseline:g}): look for added or unfused calls")
+        count = moved["count_per_step"]
+        cause = ("look for added or unfused calls" if count.current > count.baseline
+                 else "fewer, larger calls: check what was fused or batched into them")
+        tips.append(f"{op_type} now runs {count.current:g} times per step (was {count.baseline:g}): {cause}")
     elif "flop" in moved and moved["flop"].current > moved["flop"].baseline:
         tips.append(f"{op_type} does more work: its input shapes changed; check the shapes at the call sites")
     more_bytes = "hbm_bytes" in moved and moved["hbm_bytes"].current > moved["hbm_bytes"].baseline

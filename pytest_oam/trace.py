@@ -42,7 +42,7 @@ def to_chrome_trace(profile: Profile, name: str = "oam profile") -> dict[str, An
         ts = op.start_s * 1e6
         events.append({"ph": "X", "name": op.name, "cat": op.op_type, "pid": _PID, "tid": _TIDS[op.stream],
                        "ts": ts, "dur": op.duration_s * 1e6, "args": args})
-        if op.stream == "compute":
+        if op.stream == "compute" and (op.mac_ratio or op.vec_ratio or op.mte2_ratio):  # not for unmeasured
             events.append({"ph": "C", "name": "AI Core pipes", "pid": _PID, "ts": ts,
                            "args": {"mac_ratio": op.mac_ratio, "vec_ratio": op.vec_ratio, "mte2_ratio": op.mte2_ratio}})
     starts = {}

@@ -150,3 +150,12 @@ def test_advice_reads_the_direction_of_the_flop_change() -> None:
     more = _advice("MatMul", [CounterChange("flop", 100.0, 110.0)], None)
     assert not any("more work" in tip for tip in fewer)
     assert any("does more work" in tip for tip in more)
+
+
+def test_count_advice_reads_the_direction() -> None:
+    from pytest_oam.compare import CounterChange
+    from pytest_oam.diagnosis import _advice
+
+    fewer = _advice("Add", [CounterChange("count_per_step", 7.0, 4.0)], None)
+    assert "now runs 4 times per step (was 7): fewer, larger calls" in fewer[0]
+    assert "added" in _advice("Add", [CounterChange("count_per_step", 4.0, 7.0)], None)[0]
