@@ -183,6 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--force", action="store_true", help="overwrite the plot file if it exists")
     _format_option(sweep)
 
+    tune = commands.add_parser(
+        "tune", help="run a tuning job file and print the best configurations",
+        description="Run the tuning job in JOB (TOML or JSON: workload = \"module:function\", operator, metric, "
+                    "constraint, max_iterations, seed, hardware, [space], [fixed]; see the README) and print the "
+                    "best configurations and the improvement over the default; exit 1 if none is feasible.")
+    tune.add_argument("job", type=Path, metavar="JOB")
+    tune.add_argument("--top", type=_positive_int, default=5, metavar="N", help="configurations listed (default: 5)")
+    _format_option(tune)
+
     trace = commands.add_parser(
         "trace", help="write a profile as a Chrome/Perfetto trace",
         description="Write PROFILE (a profile from 'oam collect', or real profiler output: torch_npu or "
@@ -291,6 +300,32 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    import json
+
+    from .tune import auto_tune, load_job, result_table
+
+    options, target, space, workload = load_job(args.job)
+    result = auto_tune(target=target, param_space=space, workload=workload, **options)
+    if args.format == "json":
+        print(json.dumps({"best": result.best_params, "best_metrics": None if result.best is None else result.best.metrics,
+                          "default_metrics": result.default.metrics, "improvement_frac": result.improvement_frac,
+                          "unique_evaluations": result.unique_evaluations, "exhaustive": result.exhaustive},
+                         indent=2, default=str))
+    else:
+        how = "exhaustive" if result.exhaustive else "TPE"
+        print(f"{result.unique_evaluations} configurations evaluated ({how}); target: {target.metric}"
+              + (f" of {target.operator}" if target.operator else "") + (f", {target.constraint}" if target.constraint else ""))
+        print(result_table(result, args.top, "github" if args.format == "markdown" else "simple"))
+        if result.best is None:
+            print("no feasible configuration; the closest:")
+            for t in result.closest:
+                print(f"  {t.params}: {t.reason}")
+        elif result.improvement_frac is not None:
+            print(f"best: {result.best_params}, {result.improvement_frac * 100:+.1f}% over the default")
+    return EXIT_OK if result.best is not None else EXIT_FAILED
+
+
 def _cmd_trace(args: argparse.Namespace) -> int:
     import gzip
 
@@ -345,10 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("models", None): _cmd_models,
         ("sweep", None): _cmd_sweep,
         ("trace", None): _cmd_trace,
+        ("tune", None): _cmd_tune,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)
-    except (BaselineError, ThresholdError, ValueError, OSError, ImportError) as exc:
+    except (BaselineError, ThresholdError, ValueError, OSError, ImportError) as exc:  # TuneError is a ValueError
         print(f"oam {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -407,3 +407,117 @@ def _search(space, evaluate, better, sign, target, max_iterations, early_stoppin
         if early_stopping and best is not None and since_best >= patience:
             break
     return best
+
+
+# -- tuning jobs from a file (oam tune) -------------------------------------------------------------
+
+
+def _job_model():
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class TuneJob(BaseModel):
+        """A tuning job file (TOML or JSON): what ``oam tune`` runs."""
+
+        model_config = ConfigDict(extra="forbid")
+        workload: str = Field(description="module:function, importable from the job file's folder")
+        operator: str | None = None
+        metric: str = "throughput_tokens_per_s"
+        constraint: str | None = None
+        max_iterations: int = 50
+        early_stopping: bool = True
+        patience: int = 15
+        seed: int = 0
+        hardware: str = "ascend910"
+        devices: int = 1
+        steps: int = 1
+        storage: str | None = None
+        study_name: str | None = None
+        space: dict[str, list | str | dict[str, list[float]]] = Field(
+            description='per parameter: a list of values, "bool", {"int": [low, high, step]} or {"float": [low, high]}')
+        fixed: dict[str, object] = Field(default_factory=dict)
+
+    return TuneJob
+
+
+def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
+    """Read a tuning job file and resolve its workload.
+
+    Raises:
+        TuneError: unreadable, not TOML/JSON, fields that fail validation, a bad space entry,
+            or a workload that cannot be imported (each naming the file).
+    """
+    import importlib
+    import json as _json
+    import sys
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TuneError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise TuneError(f"{path}: TOML job files need Python 3.11; write the job as JSON") from None
+            data = tomllib.loads(text)
+        else:
+            data = _json.loads(text)
+    except ValueError as exc:
+        raise TuneError(f"{path}: is not valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+    try:
+        job = _job_model().model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:4])
+        raise TuneError(f"{path}: {problems}") from None
+    space = ParameterSpace()
+    for name, spec in job.space.items():
+        if isinstance(spec, list):
+            space.add_discrete(name, spec)
+        elif spec == "bool":
+            space.add_boolean(name)
+        elif isinstance(spec, dict) and list(spec) == ["int"] and len(spec["int"]) in (2, 3):
+            space.add_int(name, *[int(v) for v in spec["int"]])
+        elif isinstance(spec, dict) and list(spec) == ["float"] and len(spec["float"]) == 2:
+            space.add_float(name, *spec["float"])
+        else:
+            raise TuneError(f'{path}: space.{name}: write a list of values, "bool", {{int = [low, high, step]}} '
+                            f"or {{float = [low, high]}}, got {spec!r}")
+    module_name, sep, function_name = job.workload.partition(":")
+    if not sep:
+        raise TuneError(f"{path}: workload {job.workload!r} must be module:function")
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TuneError(f"{path}: workload module {module_name!r} cannot be imported: {exc}") from None
+    finally:
+        sys.path.pop(0)
+    workload = getattr(module, function_name, None)
+    if not callable(workload):
+        raise TuneError(f"{path}: {module_name} has no function {function_name!r}")
+    target = OptimizationTarget(operator=job.operator, metric=job.metric, constraint=job.constraint)
+    options = {k: getattr(job, k) for k in ("max_iterations", "early_stopping", "patience", "seed", "hardware",
+                                            "devices", "steps", "storage", "study_name")}
+    return {**options, **job.fixed}, target, space, workload
+
+
+def result_table(result: TuneResult, top: int = 5, fmt: str = "simple") -> str:
+    """The best feasible configurations (and the default), with the target metric."""
+    from tabulate import tabulate
+
+    metric = result.target.metric
+    sign = -1 if result.target.maximize else 1
+    feasible = sorted((t for t in result.trials if t.feasible), key=lambda t: sign * t.metrics[metric])[:top]
+    def shown(value: float) -> str:
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+    rows = [(i + 1, ", ".join(f"{k}={v}" for k, v in t.params.items()), shown(t.metrics[metric]))
+            for i, t in enumerate(feasible)]
+    if result.default.metrics.get(metric) is not None:
+        rows.append(("default", "(the workload's defaults)", shown(result.default.metrics[metric])))
+    return tabulate(rows, headers=("rank", "configuration", metric), tablefmt=fmt)

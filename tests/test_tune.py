@@ -144,3 +144,92 @@ def test_a_configuration_that_breaks_the_workload_is_an_infeasible_trial() -> No
     (broken,) = [t for t in result.trials if not t.feasible]
     assert broken.params == {"width": 3} and "RuntimeError: unsupported width" in broken.reason
     assert result.best is not None
+
+
+WORKLOAD_MODULE = '''
+def attention(npu, block_size=128, pipeline_stages=2, enable_fusion=True, seq_len=4096):
+    npu.set_tokens_per_step(seq_len)
+    q = npu.tensor((1, 32, seq_len, 128))
+    npu.flash_attention(q, q, q, block_size=block_size, pipeline_stages=pipeline_stages, fusion=enable_fusion)
+'''
+
+TOML_JOB = '''
+workload = "attn_job:attention"
+operator = "FlashAttention"
+metric = "throughput_tokens_per_s"
+constraint = "latency_ms < 50"
+max_iterations = 50
+
+[space]
+block_size = [128, 256, 512, 1024]
+pipeline_stages = [2, 3, 4, 5]
+enable_fusion = "bool"
+
+[fixed]
+seq_len = 2048
+'''
+
+
+def test_oam_tune_runs_a_job_file(tmp_path, capsys) -> None:
+    import json
+
+    from pytest_oam.cli import main
+
+    (tmp_path / "attn_job.py").write_text(WORKLOAD_MODULE)
+    (tmp_path / "job.toml").write_text(TOML_JOB)
+    assert main(["tune", str(tmp_path / "job.toml")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("32 configurations evaluated (exhaustive)") and "over the default" in out
+    job = {"workload": "attn_job:attention", "operator": "FlashAttention", "metric": "latency_ms",
+           "space": {"block_size": [128, 256], "pipeline_stages": {"int": [1, 3]}}, "fixed": {"seq_len": 1024}}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert main(["tune", str(tmp_path / "job.json"), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["unique_evaluations"] == 6
+
+
+@pytest.mark.parametrize(
+    ("content", "name", "message"),
+    [
+        ('workload = "attn_job:attention"\nspace = {x = [1]}\ncolour = 1\n', "job.toml", "colour: Extra inputs"),
+        ('workload = "attn_job:attention"\nspace = {x = "many"}\n', "job.toml", "space.x: write a list of values"),
+        ('workload = "nope:attention"\nspace = {x = [1]}\n', "job.toml", "workload module 'nope' cannot be imported"),
+        ('workload = "attn_job:missing"\nspace = {x = [1]}\n', "job.toml", "attn_job has no function 'missing'"),
+        ('workload = "attn_job:attention"\nspace = {x = [1]', "job.toml", "is not valid TOML"),
+        ('{"workload": 1}', "job.json", "workload: Input should be a valid string"),
+    ],
+)
+def test_bad_job_files_are_named(tmp_path, capsys, content, name, message) -> None:
+    from pytest_oam.cli import main
+
+    (tmp_path / "attn_job.py").write_text(WORKLOAD_MODULE)
+    (tmp_path / name).write_text(content)
+    assert main(["tune", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / name) in err and message in err
+
+
+def test_two_processes_share_one_study(tmp_path) -> None:
+    # Optuna storage: a second process continues the first one's study (they run one after
+    # the other here; Optuna's SQLite storage also takes concurrent workers once the study exists).
+    import subprocess
+    import sys
+
+    (tmp_path / "attn_job.py").write_text(WORKLOAD_MODULE)
+    script = f'''
+import sys; sys.path.insert(0, {str(tmp_path)!r})
+from attn_job import attention
+from pytest_oam import OptimizationTarget, ParameterSpace, auto_tune
+space = ParameterSpace().add_discrete("block_size", [64, 128, 256, 512]).add_int("pipeline_stages", 1, 6)
+space.add_int("seq_len", 1024, 8192, 1024)
+r = auto_tune(target=OptimizationTarget(operator="FlashAttention", metric="flop_per_s"), param_space=space,
+              workload=attention, max_iterations=8, early_stopping=False, seed=int(sys.argv[1]),
+              storage="sqlite:///{tmp_path / 'tune.db'}", study_name="shared")
+print(r.unique_evaluations)
+'''
+    for seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-c", script, seed], capture_output=True, text=True, check=True)
+        assert done.stdout.strip() == "8"
+    import optuna
+
+    study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'tune.db'}")
+    assert len(study.trials) >= 16
