@@ -449,6 +449,8 @@ class OamSession:
         self, item: pytest.Item, profiler: OamProfiler, test_passed: bool = True
     ) -> tuple[dict[str, Any], str | None]:
         """Compare the test's profiled runs with its baseline: (gate result, failure text)."""
+        from simulator.hardware import load_hardware
+
         from .baseline import BaselineFile
         from .compare import compare_run, summarize, worst_status
         from .diagnosis import diagnose
@@ -484,8 +486,6 @@ class OamSession:
                 if gating:
                     status = "missing-ops"
             summaries.append(current)
-            from simulator.hardware import load_hardware
-
             diagnosis += [
                 DiagnosisReport(run=i, rule_id=f.rule_id, severity=f.severity, op_type=f.op_type, op_name=f.op_name,
                                 location=self._display_site(f.location) if f.location else None,

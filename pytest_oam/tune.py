@@ -193,12 +193,10 @@ class TuneResult:
     @property
     def improvement_frac(self) -> float | None:
         """Relative gain of the best over the default configuration on the target metric."""
-        if self.best is None or not self.default.feasible and self.target.metric not in self.default.metrics:
-            return None
         base = self.default.metrics.get(self.target.metric)
-        new = self.best.metrics[self.target.metric]
-        if not base:
+        if self.best is None or not base:
             return None
+        new = self.best.metrics[self.target.metric]
         return (new / base - 1) if self.target.maximize else (base / new - 1)
 
 
