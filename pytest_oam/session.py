@@ -9,7 +9,6 @@ JSON report at the end. Only the controller writes files.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .evaluate import GateInputs, gate_fails
 from .thresholds import ThresholdError, parse_entry, parse_mapping
 
 if TYPE_CHECKING:
@@ -28,11 +28,6 @@ if TYPE_CHECKING:
 OAM_SESSION_KEY = pytest.StashKey["OamSession"]()
 _PROFILER_KEY = pytest.StashKey["OamProfiler"]()
 MARKER_KEYWORDS = ("thresholds", "hardware", "devices")
-#: Statuses that fail the test always, with --oam-strict, with --oam-fail-on-improvement.
-FAILING_STATUSES = ("regressed",)
-STRICT_STATUSES = ("no-baseline", "incomparable", "missing-ops")
-IMPROVEMENT_STATUSES = ("improved",)
-TOP_OPS = 3
 REPORT_FORMATS = (".json", ".md")
 
 
@@ -55,12 +50,7 @@ class OamSettings:
 
     def fails(self, status: str, compared_nothing: bool = False) -> bool:
         """Does a test with this gate status fail?"""
-        return (
-            status in FAILING_STATUSES
-            or compared_nothing
-            or (self.strict and status in STRICT_STATUSES)
-            or (self.fail_on_improvement and status in IMPROVEMENT_STATUSES)
-        )
+        return gate_fails(status, compared_nothing, self.strict, self.fail_on_improvement)
 
 
 def _usage(message: str) -> pytest.UsageError:
@@ -445,123 +435,32 @@ class OamSession:
 
     # -- the gate -------------------------------------------------------------------------------
 
+    def gate_inputs(self, item: pytest.Item, profiler: OamProfiler) -> GateInputs:
+        """The test's gate settings, as :func:`pytest_oam.evaluate.evaluate_gate` takes them."""
+        return GateInputs(
+            nodeid=item.nodeid,
+            gating=self.settings.baseline_dir is not None,
+            saving=self.settings.save_dir is not None,
+            marker_thresholds=marker_settings(item).thresholds,
+            cli_thresholds=self.settings.cli_thresholds,
+            ini_thresholds=self.settings.ini_thresholds,
+            strict=self.settings.strict,
+            fail_on_improvement=self.settings.fail_on_improvement,
+            disabled_rules=self.settings.disabled_rules,
+            rule_thresholds=self.settings.rule_thresholds,
+            baseline_path=self._display(profiler.baseline_path) if profiler.baseline_path else None,
+            baseline_error=profiler.baseline_error,
+            invocation_dir=str(self.config.invocation_params.dir),
+        )
+
     def _evaluate(
         self, item: pytest.Item, profiler: OamProfiler, test_passed: bool = True
     ) -> tuple[dict[str, Any], str | None]:
         """Compare the test's profiled runs with its baseline: (gate result, failure text)."""
-        from simulator.hardware import load_hardware
+        from .evaluate import evaluate_gate
 
-        from .baseline import BaselineFile
-        from .compare import compare_run, summarize, worst_status
-        from .diagnosis import diagnose
-        from .report import (
-            DiagnosisReport,
-            FindingReport,
-            GateReport,
-            RunReport,
-            TopOp,
-            VerdictReport,
-            failure_text,
-        )
-        from .rules import run_rules
-        from .thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
-
-        marker = marker_settings(item)
-        resolver = LimitResolver.build(marker.thresholds, self.settings.cli_thresholds, self.settings.ini_thresholds)
-        baseline = profiler.baseline
-        gating = self.settings.baseline_dir is not None
-        n_base = len(baseline.runs) if baseline is not None else 0
-        runs, verdicts, findings, statuses, parts, notes, summaries = [], [], [], [], [], [], []
-        diagnosis: list[DiagnosisReport] = []
-        op_types: set[str] = {STEP_ROW}
-        matched = match_runs(baseline.runs if baseline is not None else [],
-                             [p.workload_fingerprint for p in profiler.profiles])
-        for i, profile in enumerate(profiler.profiles):
-            base_run = baseline.runs[matched[i]] if matched[i] is not None else None
-            status, reasons, base_step, top_ops = "not-gated", [], None, []
-            try:
-                current = summarize(profile)
-            except ValueError as exc:  # the workload ran no operator
-                current, reasons = None, [str(exc)]
-                if gating:
-                    status = "missing-ops"
-            summaries.append(current)
-            diagnosis += [
-                DiagnosisReport(run=i, rule_id=f.rule_id, severity=f.severity, op_type=f.op_type, op_name=f.op_name,
-                                location=self._display_site(f.location) if f.location else None,
-                                description=f.description, fix=f.fix, gain_s=f.gain_s,
-                                step_share_frac=f.step_share_frac)
-                for f in run_rules(profile, load_hardware(profile.hardware), disabled=self.settings.disabled_rules,
-                                   thresholds=self.settings.rule_thresholds, rules=self.settings.rules)
-            ]
-            step_s = profile.step_time_s if not profile.is_empty else 0.0
-            if current is not None:
-                op_types.update(current.ops)
-                if current.memory_reserved_peak_bytes is not None:
-                    op_types.update(MEMORY_ROWS)
-                top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
-                top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0)
-                           for k, v in top]
-                if gating and base_run is None:
-                    status = "no-baseline"
-                elif gating:
-                    comparison = compare_run(i, base_run, current, resolver)
-                    status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
-                    run_findings = [
-                        dataclasses.replace(f, call_sites=[(self._display_site(site), t) for site, t in f.call_sites])
-                        for f in diagnose(comparison, profile, current.ops, base_run.ops)
-                    ]
-                    verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
-                    findings += [
-                        FindingReport(run=i, kind=f.kind, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
-                                      step_share_frac=f.step_share_frac,
-                                      counters={c.name: (c.baseline, c.current) for c in f.counters},
-                                      call_sites=f.call_sites, advice=f.advice)
-                        for f in run_findings
-                    ]
-                    parts.append((comparison, run_findings, profile.hardware, profile.devices))
-            statuses.append(status)
-            runs.append(RunReport(index=i, status=status, hardware=profile.hardware, devices=profile.devices,
-                                  step_time_s=step_s, baseline_step_time_s=base_step,
-                                  tokens_per_s=profile.tokens_per_s if not profile.is_empty else None,
-                                  top_ops=top_ops, reasons=reasons))
-        unmatched_base = n_base - sum(m is not None for m in matched)
-        if gating and unmatched_base:
-            statuses.append("missing-ops")
-            made = f"{len(profiler.profiles)} profiled runs" if profiler.profiles else "no profiled run"
-            notes.append(f"the test made {made}; {unmatched_base} of the {n_base} runs of its baseline "
-                         "were not compared")
-        if gating and profiler.baseline_error:
-            statuses.append("invalid-baseline")
-            notes.append(f"{profiler.baseline_error} (replaced by --oam-save-baseline)")
-        status = worst_status(statuses)
-        if status == "no-baseline":
-            if self.settings.save_dir is None:
-                notes.append("no baseline: run with --oam-save-baseline to create one")
-            elif test_passed:
-                notes.append("no baseline yet: written by --oam-save-baseline")
-            else:
-                notes.append("no baseline, and none written: only tests that pass are saved")
-        unmatched = [p for p in marker.thresholds if not any(fnmatchcase(o, p) for o in op_types)]
-        if unmatched:
-            notes.append("@pytest.mark.oam thresholds match no op type of this test: " + ", ".join(unmatched)
-                         + " (op types are case-sensitive: " + ", ".join(sorted(op_types)) + ")")
-        path = self._display(profiler.baseline_path) if profiler.baseline_path else None
-        compared_nothing = any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiler.profiles)
-        fatal = [d for d in diagnosis if d.severity == "fatal"]
-        failed = self.settings.fails(status, compared_nothing) or bool(fatal)
-        report = GateReport(nodeid=item.nodeid, status=status, failed=failed, baseline_path=path,
-                            message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,
-                            diagnosis=diagnosis)
-        result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
-        if self.settings.save_dir is not None and summaries and all(s is not None for s in summaries):
-            result["baseline"] = BaselineFile(nodeid=item.nodeid, runs=summaries).model_dump(mode="json")
-        text = failure_text(item.nodeid, status, path, parts, notes) if failed else None
-        if fatal:
-            from .report import diagnosis_text
-
-            text = (text + "\n\n" if text else "") + diagnosis_text(fatal)
-        return result, text
+        return evaluate_gate(self.gate_inputs(item, profiler), profiler.profiles, profiler.baseline,
+                             rules=self.settings.rules, test_passed=test_passed)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
@@ -668,11 +567,6 @@ class OamSession:
             return str(Path(path).relative_to(self.config.invocation_params.dir))
         except ValueError:
             return str(path)
-
-    def _display_site(self, site: str) -> str:
-        """A ``file:line`` call site with the file relative to the invocation folder."""
-        file, sep, line = site.rpartition(":")
-        return f"{self._display(Path(file))}{sep}{line}" if sep else site
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.is_worker or not (self.results or self.pruned or self.prune_refused or self.settings.report_paths

@@ -7,6 +7,7 @@ produces, so that baselines made by another version are recognised as such.
 __version__ = "0.2.1"
 SIMULATOR_VERSION = __version__
 
+from .callbacks import register_op_callback
 from .hardware import HardwareSpec, list_hardware, load_hardware
 from .profile import OpRecord, Profile
 from .runtime import NPU, ShapeError, Tensor, run
@@ -21,5 +22,6 @@ __all__ = [
     "Tensor",
     "list_hardware",
     "load_hardware",
+    "register_op_callback",
     "run",
 ]

@@ -119,6 +119,14 @@ class AllocatorSpec(_Group):
     )
 
 
+class ProfilerSpec(_Group):
+    """What collecting a profile costs the run."""
+
+    online_callback_overhead_s: float = Field(
+        ge=0, description="Host time per op when op records are delivered to callbacks while the run goes "
+        "(online collection); a gap in the timeline after each op")
+
+
 class HardwareSpec(BaseModel):
     """One NPU model and the server it sits in. All values SI (bytes, seconds, hertz)."""
 
@@ -134,6 +142,7 @@ class HardwareSpec(BaseModel):
     launch: LaunchSpec
     interconnect: InterconnectSpec
     allocator: AllocatorSpec
+    profiler: ProfilerSpec
 
     def peak_cube_flop_per_s(self, dtype: str) -> float:
         """Peak Cube unit rate in FLOP/s (2 FLOP per MAC) for ``dtype``.

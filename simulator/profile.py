@@ -24,6 +24,7 @@ class CommInfo(BaseModel):
     group_size: int = Field(ge=1)
     algbw_bytes_per_s: NonNegativeFloat
     busbw_bytes_per_s: NonNegativeFloat
+    ranks: list[NonNegativeInt] = Field(default_factory=list, description="Global ranks of the group, when known")
 
 
 class OpRecord(BaseModel):
@@ -88,6 +89,31 @@ class StepMemory(BaseModel):
     alloc_time_s: NonNegativeFloat = Field(description="Host time spent in the allocator")
 
 
+class MemoryRecord(BaseModel):
+    """One caching-allocator call of a run that tracked memory (bytes, seconds).
+
+    ``time_s`` is the device clock when the call happened; ``allocated_bytes`` and
+    ``reserved_bytes`` are the device totals after it (``torch.npu.memory_allocated`` and
+    ``memory_reserved``).
+    """
+
+    model_config = _RECORD_CONFIG
+    step: NonNegativeInt
+    time_s: NonNegativeFloat
+    action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool"]
+    requested_bytes: NonNegativeInt
+    block_bytes: NonNegativeInt
+    address: NonNegativeInt
+    pool: str
+    stream: NonNegativeInt
+    latency_s: NonNegativeFloat = Field(description="Host time of the call")
+    device_mallocs: NonNegativeInt
+    device_frees: NonNegativeInt
+    alloc_retried: bool
+    allocated_bytes: NonNegativeInt
+    reserved_bytes: NonNegativeInt
+
+
 class OpSummary(BaseModel):
     """The ops of one type on one stream in one step that a focused profile did not keep.
 
@@ -132,6 +158,11 @@ class Profile(BaseModel):
     ops: list[OpRecord]
     op_summaries: list[OpSummary] = Field(default_factory=list)
     memory: list[StepMemory] = Field(default_factory=list, description="Per step, when the run tracked memory")
+    memory_events: list[MemoryRecord] = Field(
+        default_factory=list, description="Every allocator call, when the run tracked memory")
+    collection: Literal["offline", "online"] = Field(
+        default="offline", description="offline: recorded and parsed after the run; online: op records went to "
+        "callbacks during the run, which charged a per-op overhead to the timeline")
     focus: str | None = Field(default=None, description="Op type pattern a focused profile kept")
     context_ops: int | None = Field(default=None, ge=0)
     measured_step_times_s: list[NonNegativeFloat] | None = Field(

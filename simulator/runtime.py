@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import __version__ as SIMULATOR_VERSION
+from . import callbacks as _callbacks
 from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
 from .costs import OpCost, OpSpec, conv_output_hw, op_cost
 from .hardware import HardwareSpec, load_hardware
-from .profile import CommInfo, OpRecord, Profile, StepMemory
+from .profile import CommInfo, MemoryRecord, OpRecord, Profile, StepMemory
 from .units import DTYPE_BYTES
 
 _RUNTIME_FILE = os.path.normcase(os.path.abspath(__file__))
@@ -125,6 +126,7 @@ class NPU:
         devices: number of cards in the job; collectives default to all of them.
         op_time_scale: fault injection for testing gates: multiply the duration of the named
             op types (e.g. ``{"FlashAttention": 1.05}``). Factors must be positive.
+        collection: ``"offline"`` or ``"online"``, see :mod:`simulator.callbacks`.
     """
 
     def __init__(
@@ -134,7 +136,9 @@ class NPU:
         op_time_scale: dict[str, float] | None = None,
         allocator: AllocatorConfig | str | None = None,
         memory: bool = False,
+        collection: str = "offline",
     ) -> None:
+        self.collection = _callbacks.check_collection(collection)
         if not isinstance(devices, int) or devices < 1:
             raise ValueError(f"devices must be a positive integer, got {devices!r}")
         self.hardware = hardware
@@ -158,6 +162,8 @@ class NPU:
         self._step_memory = _StepMemoryTally()
         self._memory_steps: list[StepMemory] = []
         self._finalizers: dict[int, weakref.finalize] = {}
+        self._memory_events: list[MemoryRecord] = []
+        self._delivered = 0  # online collection: records handed to the callbacks so far
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -195,7 +201,7 @@ class NPU:
         if self.allocator is None:
             return tensor
         handle, event = self.allocator.alloc(tensor.nbytes)
-        self._step_memory.add(event)
+        self._note_memory(event)
         self._finalizers[id(tensor)] = weakref.finalize(tensor, self._release, handle, id(tensor))
         device_visible = event.device_mallocs or event.device_frees or event.synchronizations or event.alloc_retried
         stall = event.latency_s if device_visible else 0.0
@@ -223,7 +229,17 @@ class NPU:
 
     def _release(self, handle: Allocation, key: int) -> None:
         self._finalizers.pop(key, None)
-        self._step_memory.add(self.allocator.free(handle))
+        self._note_memory(self.allocator.free(handle))
+
+    def _note_memory(self, event: MemoryEvent) -> None:
+        self._step_memory.add(event)
+        self._memory_events.append(MemoryRecord.model_construct(
+            step=self._step, time_s=self._clock_s, action=event.action, requested_bytes=event.requested_bytes,
+            block_bytes=event.block_bytes, address=event.address, pool=event.pool, stream=event.stream,
+            latency_s=event.latency_s, device_mallocs=event.device_mallocs, device_frees=event.device_frees,
+            alloc_retried=event.alloc_retried, allocated_bytes=event.allocated_bytes,
+            reserved_bytes=event.reserved_bytes,
+        ))
 
     def _out(self, shape: Sequence[int], dtype: str) -> Tensor:
         """An op's output tensor, allocated (and its stall charged to the op just emitted)."""
@@ -263,6 +279,7 @@ class NPU:
                 group_size=cost.comm.group_size,
                 algbw_bytes_per_s=cost.comm.algbw_bytes_per_s,
                 busbw_bytes_per_s=cost.comm.busbw_bytes_per_s,
+                ranks=list(spec.attr("ranks", ())),
             )
         record = OpRecord.model_construct(
             op_type=op_type,
@@ -295,9 +312,20 @@ class NPU:
             overlappable_s=cost.overlappable_s * scale,
             overlap_frac=_overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if stream == "compute" else None,
         )
+        if self.collection == "online":
+            self._deliver_final()  # the previous op can no longer change
         self._records.append(record)
         self._clock_s += duration_s
+        if self.collection == "online":
+            self._clock_s += self.hardware.profiler.online_callback_overhead_s
         return cost
+
+    def _deliver_final(self) -> None:
+        """Online collection: hand every finished op record to the callbacks."""
+        while self._delivered < len(self._records):
+            record = self._records[self._delivered]
+            self._delivered += 1
+            _callbacks.deliver(record)
 
     # -- Cube unit ---------------------------------------------------------------------------
 
@@ -711,6 +739,8 @@ class NPU:
     # -- profile -------------------------------------------------------------------------------
 
     def _close_step(self) -> None:
+        if self.collection == "online":
+            self._deliver_final()
         if self.allocator is None:
             self._memory_steps.append(None)
             return
@@ -733,6 +763,9 @@ class NPU:
     def profile(self, steps: int) -> Profile:
         if len(self._memory_steps) < steps:
             self._close_step()
+        if self.collection == "offline" and _callbacks.has_callbacks():
+            for record in self._records:  # the trace is parsed after the run
+                _callbacks.deliver(record)
         digest = hashlib.sha256()
         for op in self._records:  # every step: a workload whose later steps change is another workload
             digest.update(f"{op.step}|{op.op_type}|{op.input_shapes}|{op.dtype};".encode())
@@ -746,6 +779,8 @@ class NPU:
             workload_fingerprint=digest.hexdigest()[:16],
             ops=self._records,
             memory=[m for m in self._memory_steps if m is not None],
+            memory_events=self._memory_events,
+            collection=self.collection,
         )
 
 
@@ -758,6 +793,7 @@ def run(
     op_time_scale: dict[str, float] | None = None,
     allocator: AllocatorConfig | str | None = None,
     memory: bool = False,
+    collection: str = "offline",
     **kwargs,
 ) -> Profile:
     """Run ``workload(npu, *args, **kwargs)`` ``steps`` times on a simulated card.
@@ -776,17 +812,22 @@ def run(
         allocator: the caching allocator's settings (implies ``memory``), as an
             :class:`AllocatorConfig` or a ``PYTORCH_NPU_ALLOC_CONF`` string
             (``"expandable_segments:True"``).
+        collection: how op records reach callbacks registered with
+            :func:`simulator.callbacks.register_op_callback`: ``"offline"`` (after the run, no
+            overhead) or ``"online"`` (during the run, charging the hardware's
+            ``profiler.online_callback_overhead_s`` per op to the timeline).
 
     Returns:
         The :class:`~simulator.profile.Profile` of the run.
 
     Raises:
-        ValueError: unknown hardware, ``steps`` < 1, bad ``devices``, or any operator error.
+        ValueError: unknown hardware, ``steps`` < 1, bad ``devices`` or ``collection``, or
+            any operator error.
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     spec = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
-    npu = NPU(spec, devices, op_time_scale, allocator, memory)
+    npu = NPU(spec, devices, op_time_scale, allocator, memory, collection)
     for step in range(steps):
         if step:
             npu._next_step()

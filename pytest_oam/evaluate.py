@@ -1,0 +1,227 @@
+"""The gate of one test as a pure function: profiles + baseline + settings -> verdicts, findings.
+
+The plugin calls :func:`evaluate_gate` after each profiled test; ``oam replay`` calls it again
+on a recorded test (:mod:`pytest_oam.record`), offline, and gets the same result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simulator.hardware import HardwareSpec
+    from simulator.profile import Profile
+
+    from .baseline import BaselineFile
+
+#: Statuses that fail the test always, with --oam-strict, with --oam-fail-on-improvement.
+FAILING_STATUSES = ("regressed",)
+STRICT_STATUSES = ("no-baseline", "incomparable", "missing-ops")
+IMPROVEMENT_STATUSES = ("improved",)
+TOP_OPS = 3
+
+
+def gate_fails(status: str, compared_nothing: bool, strict: bool, fail_on_improvement: bool) -> bool:
+    """Does a test with this gate status fail?"""
+    return (
+        status in FAILING_STATUSES
+        or compared_nothing
+        or (strict and status in STRICT_STATUSES)
+        or (fail_on_improvement and status in IMPROVEMENT_STATUSES)
+    )
+
+
+@dataclass(frozen=True)
+class GateInputs:
+    """Everything about one test's gate that is not a profile or the baseline (JSON-able).
+
+    ``gating``: compared with a baseline (``--oam-baseline``); ``saving``: ``--oam-save-baseline``.
+    Thresholds are fractions by op type or glob, from the marker, the command line and the ini
+    file (closest first). ``baseline_path`` is shown as given; ``invocation_dir`` is the folder
+    call sites are shown relative to.
+    """
+
+    nodeid: str
+    gating: bool
+    saving: bool = False
+    marker_thresholds: dict[str, float] = field(default_factory=dict)
+    cli_thresholds: dict[str, float] = field(default_factory=dict)
+    ini_thresholds: dict[str, float] = field(default_factory=dict)
+    strict: bool = False
+    fail_on_improvement: bool = False
+    disabled_rules: tuple[str, ...] = ()
+    rule_thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
+    baseline_path: str | None = None
+    baseline_error: str | None = None
+    invocation_dir: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["disabled_rules"] = list(self.disabled_rules)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GateInputs:
+        """Raises: TypeError: unknown or missing keys."""
+        data = dict(data)
+        data["disabled_rules"] = tuple(data.get("disabled_rules", ()))
+        return cls(**data)
+
+
+def display_site(site: str, invocation_dir: str | None) -> str:
+    """A ``file:line`` call site with the file relative to ``invocation_dir`` when inside it."""
+    from pathlib import Path
+
+    file, sep, line = site.rpartition(":")
+    if not sep or invocation_dir is None:
+        return site
+    try:
+        file = str(Path(file).relative_to(invocation_dir))
+    except ValueError:
+        pass
+    return f"{file}{sep}{line}"
+
+
+def evaluate_gate(
+    inputs: GateInputs,
+    profiles: Sequence[Profile],
+    baseline: BaselineFile | None,
+    rules: Mapping[str, Any] | None = None,
+    test_passed: bool = True,
+    hardware: Callable[[str], HardwareSpec] | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """Compare a test's profiled runs with its baseline and run the diagnosis rules.
+
+    Args:
+        inputs: the test's settings.
+        profiles: its runs, in order.
+        baseline: its baseline file (``None``: none exists).
+        rules: diagnosis rules by id (default: the built-in :data:`pytest_oam.rules.RULES`).
+        test_passed: whether the test body passed (a failing test's baseline is not saved).
+        hardware: spec lookup by name for the rules (default: the bundled specs).
+
+    Returns:
+        ``(result, failure_text)``: ``result["report"]`` is a :class:`~pytest_oam.report.GateReport`
+        as builtin types, ``result["op_types"]`` the op types seen, ``result["baseline"]`` the
+        baseline to save (with ``inputs.saving``); ``failure_text`` is ``None`` when the gate passes.
+    """
+    from simulator.hardware import load_hardware
+
+    from .baseline import BaselineFile
+    from .compare import compare_run, summarize, worst_status
+    from .diagnosis import diagnose
+    from .report import (
+        DiagnosisReport,
+        FindingReport,
+        GateReport,
+        RunReport,
+        TopOp,
+        VerdictReport,
+        diagnosis_text,
+        failure_text,
+    )
+    from .rules import RULES, run_rules
+    from .session import match_runs
+    from .thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
+
+    rules = RULES if rules is None else rules
+    hardware = hardware or load_hardware
+
+    def site(s: str) -> str:
+        return display_site(s, inputs.invocation_dir)
+
+    resolver = LimitResolver.build(inputs.marker_thresholds, inputs.cli_thresholds, inputs.ini_thresholds)
+    gating = inputs.gating
+    n_base = len(baseline.runs) if baseline is not None else 0
+    runs, verdicts, findings, statuses, parts, notes, summaries = [], [], [], [], [], [], []
+    diagnosis: list[DiagnosisReport] = []
+    op_types: set[str] = {STEP_ROW}
+    matched = match_runs(baseline.runs if baseline is not None else [], [p.workload_fingerprint for p in profiles])
+    for i, profile in enumerate(profiles):
+        base_run = baseline.runs[matched[i]] if matched[i] is not None else None
+        status, reasons, base_step, top_ops = "not-gated", [], None, []
+        try:
+            current = summarize(profile)
+        except ValueError as exc:  # the workload ran no operator
+            current, reasons = None, [str(exc)]
+            if gating:
+                status = "missing-ops"
+        summaries.append(current)
+        diagnosis += [
+            DiagnosisReport(run=i, rule_id=f.rule_id, severity=f.severity, op_type=f.op_type, op_name=f.op_name,
+                            location=site(f.location) if f.location else None,
+                            description=f.description, fix=f.fix, gain_s=f.gain_s,
+                            step_share_frac=f.step_share_frac)
+            for f in run_rules(profile, hardware(profile.hardware), disabled=inputs.disabled_rules,
+                               thresholds=inputs.rule_thresholds, rules=rules)
+        ]
+        step_s = profile.step_time_s if not profile.is_empty else 0.0
+        if current is not None:
+            op_types.update(current.ops)
+            if current.memory_reserved_peak_bytes is not None:
+                op_types.update(MEMORY_ROWS)
+            top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
+            top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0)
+                       for k, v in top]
+            if gating and base_run is None:
+                status = "no-baseline"
+            elif gating:
+                comparison = compare_run(i, base_run, current, resolver)
+                status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
+                run_findings = [
+                    dataclasses.replace(f, call_sites=[(site(s), t) for s, t in f.call_sites])
+                    for f in diagnose(comparison, profile, current.ops, base_run.ops)
+                ]
+                verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
+                findings += [
+                    FindingReport(run=i, kind=f.kind, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
+                                  step_share_frac=f.step_share_frac,
+                                  counters={c.name: (c.baseline, c.current) for c in f.counters},
+                                  call_sites=f.call_sites, advice=f.advice)
+                    for f in run_findings
+                ]
+                parts.append((comparison, run_findings, profile.hardware, profile.devices))
+        statuses.append(status)
+        runs.append(RunReport(index=i, status=status, hardware=profile.hardware, devices=profile.devices,
+                              step_time_s=step_s, baseline_step_time_s=base_step,
+                              tokens_per_s=profile.tokens_per_s if not profile.is_empty else None,
+                              top_ops=top_ops, reasons=reasons))
+    unmatched_base = n_base - sum(m is not None for m in matched)
+    if gating and unmatched_base:
+        statuses.append("missing-ops")
+        made = f"{len(profiles)} profiled runs" if profiles else "no profiled run"
+        notes.append(f"the test made {made}; {unmatched_base} of the {n_base} runs of its baseline "
+                     "were not compared")
+    if gating and inputs.baseline_error:
+        statuses.append("invalid-baseline")
+        notes.append(f"{inputs.baseline_error} (replaced by --oam-save-baseline)")
+    status = worst_status(statuses)
+    if status == "no-baseline":
+        if not inputs.saving:
+            notes.append("no baseline: run with --oam-save-baseline to create one")
+        elif test_passed:
+            notes.append("no baseline yet: written by --oam-save-baseline")
+        else:
+            notes.append("no baseline, and none written: only tests that pass are saved")
+    unmatched = [p for p in inputs.marker_thresholds if not any(fnmatchcase(o, p) for o in op_types)]
+    if unmatched:
+        notes.append("@pytest.mark.oam thresholds match no op type of this test: " + ", ".join(unmatched)
+                     + " (op types are case-sensitive: " + ", ".join(sorted(op_types)) + ")")
+    path = inputs.baseline_path
+    compared_nothing = any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiles)
+    fatal = [d for d in diagnosis if d.severity == "fatal"]
+    failed = gate_fails(status, compared_nothing, inputs.strict, inputs.fail_on_improvement) or bool(fatal)
+    report = GateReport(nodeid=inputs.nodeid, status=status, failed=failed, baseline_path=path,
+                        message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,
+                        diagnosis=diagnosis)
+    result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
+    if inputs.saving and summaries and all(s is not None for s in summaries):
+        result["baseline"] = BaselineFile(nodeid=inputs.nodeid, runs=summaries).model_dump(mode="json")
+    text = failure_text(inputs.nodeid, status, path, parts, notes) if failed else None
+    if fatal:
+        text = (text + "\n\n" if text else "") + diagnosis_text(fatal)
+    return result, text
