@@ -28,6 +28,7 @@ examples:
   oam baseline create --model llama-7b -o baselines/llama-7b.json
   oam collect --model llama-7b --focus FlashAttention -o current.json.gz
   oam compare baselines/llama-7b.json current.json.gz --threshold 5%
+  oam replay .oam/records/FILE.oam.json.gz [--hardware ascend910b]
   oam validate                     # the simulator against published Ascend figures
 
 exit codes: 0 nothing regressed, 1 the comparison (or a validation case) failed, 2 bad usage or input.
@@ -192,6 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--top", type=_positive_int, default=5, metavar="N", help="configurations listed (default: 5)")
     _format_option(tune)
 
+    replay = commands.add_parser(
+        "replay", help="run the gate of a recorded test again, offline (records: pytest --oam-record)",
+        description="Re-run the comparison and diagnosis of a test recorded by pytest --oam-record and print "
+                    "the same report; with --hardware, re-simulate the recorded op sequence on other hardware.")
+    replay.add_argument("record", type=Path, metavar="RECORD", help="a *.oam.json.gz file from --oam-record-dir")
+    replay.add_argument("--hardware", metavar="NAME",
+                        help="what-if: simulate the recorded ops on this hardware (e.g. ascend910b)")
+    _format_option(replay)
     trace = commands.add_parser(
         "trace", help="write a profile as a Chrome/Perfetto trace",
         description="Write PROFILE (a profile from 'oam collect', or real profiler output: torch_npu or "
@@ -326,6 +335,49 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return EXIT_OK if result.best is not None else EXIT_FAILED
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    import json
+
+    from .record import load_record, replay, what_if, what_if_table
+    from .report import diagnosis_text
+
+    record = load_record(args.record)
+    if args.hardware:
+        result = what_if(record, args.hardware)
+        if args.format == "json":
+            print(json.dumps([{"run": i + 1, "recorded_hardware": old.hardware, "hardware": new.hardware,
+                               "recorded_step_time_s": old.step_time_s, "step_time_s": new.step_time_s,
+                               "op_time_s": {t: new.op_time_s(t) for t in new.op_types}}
+                              for i, (old, new) in enumerate(result.runs)], indent=2))
+            return EXIT_OK
+        print(f"{record.nodeid}: the recorded op sequence simulated on {args.hardware} "
+              f"(simulator {result.runs[0][1].simulator_version}; allocation stalls as recorded)")
+        print(what_if_table(result, "github" if args.format == "markdown" else "simple"))
+        return EXIT_OK
+    outcome = replay(record)
+    if args.format == "json":
+        print(json.dumps({"nodeid": record.nodeid, "same_as_recorded": outcome.same,
+                          "differences": outcome.differences, "not_replayed_rules": outcome.not_replayed_rules,
+                          "gate": outcome.report.model_dump(mode="json")}, indent=2))
+    else:
+        report = outcome.report
+        print(f"replay of {record.nodeid} (recorded {record.created_utc} with pytest-oam "
+              f"{record.pytest_oam_version}, simulator {record.simulator_version}): gate status {report.status}"
+              + (", FAILED" if report.failed else ", passed"))
+        if outcome.failure_text:
+            print(outcome.failure_text)
+        if report.diagnosis:
+            print("oam diagnosis:")
+            print(diagnosis_text(report.diagnosis, indent="    "))
+        if outcome.not_replayed_rules:
+            print("not replayed (rules registered by a plugin): " + ", ".join(outcome.not_replayed_rules))
+        if outcome.same:
+            print("same verdicts and findings as recorded")
+        else:
+            print("DIFFERS from the recorded result: " + "; ".join(outcome.differences))
+    return EXIT_FAILED if outcome.report.failed or not outcome.same else EXIT_OK
+
+
 def _cmd_trace(args: argparse.Namespace) -> int:
     import gzip
 
@@ -379,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("compare", None): _cmd_compare,
         ("models", None): _cmd_models,
         ("sweep", None): _cmd_sweep,
+        ("replay", None): _cmd_replay,
         ("trace", None): _cmd_trace,
         ("tune", None): _cmd_tune,
     }[(args.command, getattr(args, "action", None))]

@@ -104,6 +104,7 @@ def summarize(profile: Profile) -> RunBaseline:
         simulator_version=profile.simulator_version,
         workload_fingerprint=profile.workload_fingerprint,
         steps=profile.steps,
+        collection=profile.collection,
         step_time_s=profile.step_time_s,
         step_time_mean_s=statistics.fmean(profile.step_times_s),
         step_time_p99_s=tail_s(profile.step_times_s, profile.steps),
@@ -161,8 +162,9 @@ class RunComparison:
         return [v for v in self.verdicts if v.status == "regressed"]
 
 
-#: Fields that make two runs incomparable: another device, job size or simulator.
-HARD_IDENTITY = ("hardware", "devices", "simulator_version")
+#: Fields that make two runs incomparable: another device, job size or simulator, or an online
+#: collection (its per-op overhead) against an offline one.
+HARD_IDENTITY = ("hardware", "devices", "simulator_version", "collection")
 
 
 def _identity_mismatches(baseline: RunBaseline, current: RunBaseline) -> tuple[list[str], list[str]]:

@@ -74,11 +74,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="With --oam-save-baseline on a full run: delete baselines of tests that no longer exist",
     )
+    group.addoption(
+        "--oam-collect",
+        action="store",
+        default=None,
+        choices=("auto", "offline", "online"),
+        help="How op records reach callbacks registered with register_op_callback: offline (after the run, "
+             "no overhead), online (during the run, charging a per-op overhead), auto (offline when comparing "
+             "with or saving baselines, online otherwise); default: the oam_collect ini value, auto",
+    )
+    group.addoption(
+        "--oam-record",
+        action="store",
+        default=None,
+        choices=("failed", "all", "none"),
+        help="Write the full trace of failed (default), all or no profiled tests to --oam-record-dir, "
+             "for 'oam replay'",
+    )
+    group.addoption(
+        "--oam-record-dir",
+        action="store",
+        default=None,
+        metavar="DIR",
+        help="Folder of records (default: the oam_record_dir ini value, .oam/records under the rootdir)",
+    )
     parser.addini("oam_baseline_dir", "Folder of baseline files, relative to the ini file", default="baselines")
     parser.addini("oam_thresholds", "Regression limits, one OP=LIMIT per line", type="linelist", default=[])
     parser.addini("oam_hardware", "Simulated hardware for profiled tests", default="ascend910")
     parser.addini("oam_strict", "Same as --oam-strict", type="bool", default=False)
     parser.addini("oam_fail_on_improvement", "Same as --oam-fail-on-improvement", type="bool", default=False)
+    parser.addini("oam_collect", "Same as --oam-collect", default="auto")
+    parser.addini("oam_record", "Same as --oam-record", default="failed")
+    parser.addini("oam_record_dir", "Same as --oam-record-dir, relative to the ini file", default=".oam/records")
     parser.addini("oam_disable_rules", "Diagnosis rules to switch off, one rule id per line", type="linelist",
                   default=[])
     parser.addini("oam_rule_thresholds", "Diagnosis rule thresholds, one RULE.NAME = NUMBER per line",

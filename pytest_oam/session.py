@@ -47,6 +47,21 @@ class OamSettings:
     disabled_rules: tuple[str, ...] = ()
     rule_thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
     rules: dict[str, Any] = field(default_factory=dict)
+    collect: str = "auto"
+    record: str = "failed"
+    record_dir: Path | None = None
+
+    def collection(self) -> str:
+        """The collection mode of a profiled run. ``auto`` is offline when runs are compared with
+        or saved as baselines (their timing must not be perturbed); otherwise (a diagnosis run)
+        online when an op callback is registered to watch the run live, else offline."""
+        if self.collect != "auto":
+            return self.collect
+        if self.baseline_dir is not None or self.save_dir is not None:
+            return "offline"
+        from simulator.callbacks import has_callbacks
+
+        return "online" if has_callbacks() else "offline"
 
     def fails(self, status: str, compared_nothing: bool = False) -> bool:
         """Does a test with this gate status fail?"""
@@ -164,11 +179,25 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
     if prune and save_dir is None:
         raise _usage("--oam-prune: deletes stale baselines only together with --oam-save-baseline")
     rules, disabled, rule_thresholds = _rule_settings(config)
+    collect = opt.oam_collect or config.getini("oam_collect") or "auto"
+    if collect not in ("auto", "offline", "online"):
+        raise _usage(f"oam_collect (ini): {collect!r} is not one of auto, offline, online")
+    record = opt.oam_record or config.getini("oam_record") or "failed"
+    if record not in ("failed", "all", "none"):
+        raise _usage(f"oam_record (ini): {record!r} is not one of failed, all, none")
+    if opt.oam_record_dir is not None:
+        record_dir = Path(config.invocation_params.dir, opt.oam_record_dir)
+    else:
+        ini_record = Path(config.getini("oam_record_dir") or ".oam/records")
+        record_dir = ini_record if ini_record.is_absolute() else ini_dir / ini_record
+    if record_dir.exists() and not record_dir.is_dir():
+        raise _usage(f"--oam-record-dir: {record_dir} exists and is not a folder")
     return OamSettings(
         baseline_dir, save_dir, cli, ini, hardware, reports,
         strict=bool(opt.oam_strict or config.getini("oam_strict")),
         fail_on_improvement=bool(opt.oam_fail_on_improvement or config.getini("oam_fail_on_improvement")),
         prune=prune, disabled_rules=disabled, rule_thresholds=rule_thresholds, rules=rules,
+        collect=collect, record=record, record_dir=record_dir,
     )
 
 
@@ -260,6 +289,13 @@ def match_runs(baseline_runs: list, fingerprints: list[str]) -> list[int | None]
     return matched
 
 
+def _arguments_repr(args: tuple, kwargs: dict[str, Any], limit: int = 2000) -> str:
+    """The workload's arguments as text, for a record (shortened past ``limit`` characters)."""
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items() if k not in ("memory", "allocator")]
+    text = ", ".join(parts)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _first(*values):
     """The first value that is not ``None``."""
     return next(v for v in values if v is not None)
@@ -276,6 +312,7 @@ class OamProfiler:
         self.baseline_path = baseline_path
         self.baseline_error: str | None = None
         self.profiles: list[Profile] = []
+        self.run_configs: list[dict[str, Any]] = []  # how each run was made, for --oam-record
 
     def run(self, workload, *args, steps: int = 1, hardware: str | None = None,
             devices: int | None = None, op_time_scale: dict[str, float] | None = None, **kwargs) -> Profile:
@@ -291,16 +328,24 @@ class OamProfiler:
         """
         import simulator
 
+        hardware = _first(hardware, self._marker.hardware, self._settings.hardware)
+        devices = _first(devices, self._marker.devices, 1)
+        collection = kwargs.pop("collection", None) or self._settings.collection()
         profile = simulator.run(
-            workload,
-            *args,
-            steps=steps,
-            hardware=_first(hardware, self._marker.hardware, self._settings.hardware),
-            devices=_first(devices, self._marker.devices, 1),
-            op_time_scale=op_time_scale,
-            **kwargs,
+            workload, *args, steps=steps, hardware=hardware, devices=devices, op_time_scale=op_time_scale,
+            collection=collection, **kwargs,
         )
         self.profiles.append(profile)
+        allocator = kwargs.get("allocator")
+        self.run_configs.append({
+            "workload": f"{getattr(workload, '__module__', '?')}.{getattr(workload, '__qualname__', repr(workload))}",
+            "arguments": _arguments_repr(args, kwargs),
+            "steps": steps, "hardware": profile.hardware, "devices": devices,
+            "op_time_scale": dict(op_time_scale or {}),
+            "memory": bool(kwargs.get("memory") or allocator is not None),
+            "allocator": None if allocator is None else str(allocator),
+            "collection": collection,
+        })
         return profile
 
     # -- performance properties over shapes (pytest_oam.perf); nothing here is gated ----------
@@ -350,6 +395,7 @@ class OamSession:
         self.partial: set[str] = set()
         self.prune_refused: str | None = None
         self.save_errors: list[str] = []
+        self.recorded: list[str] = []
 
     # -- collection: validate markers before any test runs --------------------------------------
 
@@ -490,6 +536,7 @@ class OamSession:
             report.longrepr = "oam: internal error while gating this test:\n" + traceback.format_exc()
             return report
         result["test_passed"] = report.passed
+        body_outcome = report.outcome
         report.oam_gate = result
         for d in result["report"].get("diagnosis", []):  # JUnit XML <property> entries (read at teardown)
             item.user_properties.append(
@@ -498,7 +545,30 @@ class OamSession:
                                  f"{d['step_share_frac'] * 100:.1f}%; {d['fix']})")))
         if text is not None:
             self._fail(report, text)
+        mode = self.settings.record
+        if profiler.profiles and (mode == "all" or (mode == "failed" and report.failed)):
+            self._record(item, profiler, result, text, body_outcome)
         return report
+
+    def _record(self, item: pytest.Item, profiler: OamProfiler, result: dict[str, Any], text: str | None,
+                body_outcome: str) -> None:
+        """Write the test's record (``--oam-record``); the path or the error goes to the controller."""
+        from .record import RunConfig, make_record, record_filename, write_record
+
+        path = self.settings.record_dir / record_filename(item.nodeid)
+        try:
+            record = make_record(
+                nodeid=item.nodeid, test_outcome=body_outcome,
+                gate_inputs=self.gate_inputs(item, profiler).to_dict(), rules=sorted(self.settings.rules),
+                baseline=profiler.baseline,
+                runs=[(RunConfig(**c), p) for c, p in zip(profiler.run_configs, profiler.profiles)],
+                gate=result["report"], failure_text=text,
+            )
+            write_record(path, record)
+        except (OSError, ValueError) as exc:
+            result["record_error"] = f"--oam-record: {self._display(path)} not written: {exc}"
+            return
+        result["record"] = self._display(path)
 
     @staticmethod
     def _fail(report: pytest.TestReport, text: str) -> None:
@@ -545,6 +615,10 @@ class OamSession:
         if gate is None:
             return
         self.results[report.nodeid] = gate["report"]
+        if gate.get("record"):
+            self.recorded.append(gate["record"])
+        if gate.get("record_error"):
+            self.save_errors.append(gate["record_error"])
         self.op_types_seen.update(gate.get("op_types", ()))
         baseline = gate.get("baseline")
         if baseline is not None and gate.get("test_passed") and self.settings.save_dir is not None:
@@ -570,7 +644,7 @@ class OamSession:
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.is_worker or not (self.results or self.pruned or self.prune_refused or self.settings.report_paths
-                                  or self.save_errors):
+                                  or self.save_errors or self.recorded):
             return
         from .report import GateReport, summary_table
 
@@ -582,7 +656,9 @@ class OamSession:
         for t in tests:
             if t.status == "regressed":
                 worst = [v for v in t.verdicts if v.status == "regressed"]
-                detail = ", ".join(f"{v.op_type} {v.change_frac * 100:+.1f}% (limit {v.limit_frac * 100:.1f}%)" for v in worst)
+                runs = f" in run {{}}" if len(t.runs) > 1 else ""
+                detail = ", ".join(f"{v.op_type}{runs.format(v.run + 1)} {v.change_frac * 100:+.1f}% "
+                                   f"(limit {v.limit_frac * 100:.1f}%)" for v in worst)
                 tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
             elif t.status not in ("pass", "not-gated") or t.message:
                 color = {"red": True, "bold": True} if t.failed else {"yellow": True}
@@ -614,6 +690,14 @@ class OamSession:
                 + " (op types are case-sensitive: " + ", ".join(sorted(self.op_types_seen)) + ")",
                 yellow=True,
             )
+        if self.recorded:
+            noun = "test" if len(self.recorded) == 1 else "tests"
+            folder = self._display(self.settings.record_dir)
+            tr.write_line(f"oam: recorded {len(self.recorded)} {noun} in {folder} (replay: oam replay "
+                          f"{self.recorded[0]})")
+            if self.config.get_verbosity() > 0:
+                for path in self.recorded[1:]:
+                    tr.write_line(f"    {path}")
         for err in self.save_errors:
             tr.write_line(f"oam: {err}", red=True)
         for line in self.pruned:

@@ -98,6 +98,110 @@ def _overlap(overlapped_s: float, overlappable_s: float, stall_s: float) -> floa
     return 1.0 if denominator <= 0 else min(1.0, overlapped_s / denominator)
 
 
+def _make_record(
+    hw: HardwareSpec, spec: OpSpec, cost: OpCost, *, name: str, step: int, stream: str, start_s: float,
+    scale: float, stall_s: float, alloc_count: int, alloc_retries: int, device_frees: int, device_mallocs: int,
+    source: str | None,
+) -> OpRecord:
+    """The record of one op: its cost on ``hw``, scaled by ``scale`` (fault injection), plus the
+    memory stall ``stall_s`` that preceded the kernel."""
+    duration_s = cost.duration_s * scale + stall_s
+    hbm_util = (
+        cost.hbm_bytes / duration_s / hw.memory.hbm_bandwidth_bytes_per_s
+        if duration_s > 0 and stream == "compute"
+        else 0.0
+    )
+    comm = None
+    if cost.comm is not None:
+        comm = CommInfo.model_construct(
+            bytes=cost.comm.bytes,
+            algorithm=cost.comm.algorithm,
+            group_size=cost.comm.group_size,
+            algbw_bytes_per_s=cost.comm.algbw_bytes_per_s,
+            busbw_bytes_per_s=cost.comm.busbw_bytes_per_s,
+            ranks=list(spec.attr("ranks", ())),
+        )
+    return OpRecord.model_construct(
+        op_type=spec.op_type,
+        name=name,
+        step=step,
+        stream=stream,
+        start_s=start_s,
+        duration_s=duration_s,
+        flop=cost.flop,
+        hbm_bytes=cost.hbm_bytes,
+        l2_bytes=cost.l2_bytes,
+        block_dim=cost.block_dim,
+        dma_count=cost.dma_count,
+        ai_core_util_frac=cost.ai_core_util_frac / scale,
+        hbm_bandwidth_util_frac=hbm_util,
+        mac_ratio=cost.mac_ratio / scale,
+        vec_ratio=cost.vec_ratio / scale,
+        mte2_ratio=cost.mte2_ratio / scale,
+        input_shapes=[list(shape) for shape in spec.shapes],
+        dtype=spec.dtype,
+        attrs={k: v for k, v in spec.attrs if isinstance(v, (bool, int, float, str))},
+        source=source,
+        comm=comm,
+        alloc_stall_s=stall_s,
+        alloc_count=alloc_count,
+        alloc_retries=alloc_retries,
+        device_frees=device_frees,
+        device_mallocs=device_mallocs,
+        overlapped_s=cost.overlapped_s * scale,
+        overlappable_s=cost.overlappable_s * scale,
+        overlap_frac=_overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if stream == "compute" else None,
+    )
+
+
+def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[str, float] | None = None) -> Profile:
+    """The recorded op sequence of ``profile`` simulated again on ``hardware`` (a what-if).
+
+    Each op is costed from its recorded type, input shapes, dtype and attributes (a collective
+    from its recorded ranks); ops run one after the other as in :func:`run`. Memory is not
+    simulated again: each op keeps its recorded allocation stall, and the memory statistics
+    and events are carried over unchanged. A profile recorded online keeps its per-op overhead.
+
+    Raises:
+        ValueError: unknown hardware; a focused profile (its aggregated ops have no shapes); an
+            imported profile or an op type with no cost model; an op the hardware cannot run
+            (e.g. a dtype its Cube unit has no rate for), naming the op.
+    """
+    spec_hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    if profile.op_summaries:
+        raise ValueError("a focused profile keeps only some op records (the rest are aggregated without shapes); "
+                         "re-simulating needs the full op sequence")
+    scale = dict(op_time_scale or {})
+    overhead_s = spec_hw.profiler.online_callback_overhead_s if profile.collection == "online" else 0.0
+    cache: dict[OpSpec, OpCost] = {}
+    records, clock_s = [], 0.0
+    for op in profile.ops:
+        attrs = dict(op.attrs)
+        if op.comm is not None and op.comm.ranks:
+            attrs["ranks"] = tuple(op.comm.ranks)
+        spec = OpSpec(op.op_type, tuple(tuple(s) for s in op.input_shapes), op.dtype, tuple(sorted(attrs.items())))
+        cost = cache.get(spec)
+        if cost is None:
+            try:
+                cost = cache[spec] = op_cost(spec, spec_hw)
+            except (KeyError, ValueError) as exc:
+                where = f" at {op.source}" if op.source else ""
+                raise ValueError(f"op {op.name} ({op.op_type}, shapes {op.input_shapes}, {op.dtype}){where}: "
+                                 f"cannot be simulated on {spec_hw.name}: {exc}") from None
+        record = _make_record(
+            spec_hw, spec, cost, name=op.name, step=op.step, stream=op.stream, start_s=clock_s,
+            scale=scale.get(op.op_type, 1.0), stall_s=op.alloc_stall_s, alloc_count=op.alloc_count,
+            alloc_retries=op.alloc_retries, device_frees=op.device_frees, device_mallocs=op.device_mallocs,
+            source=op.source,
+        )
+        records.append(record)
+        clock_s += record.duration_s + overhead_s
+    fields = {name: getattr(profile, name) for name in Profile.model_fields}
+    # not model_copy: it would carry over the cached step times of the original
+    return Profile.model_construct(**{**fields, "hardware": spec_hw.name, "simulator_version": SIMULATOR_VERSION,
+                                      "ops": records})
+
+
 class _StepMemoryTally:
     """Allocator activity within one step."""
 
@@ -260,58 +364,15 @@ class NPU:
         if cost is None:
             cost = op_cost(spec, self.hardware)
             self._cost_cache[spec] = cost
-        scale = self._scale.get(op_type, 1.0)
-        stall_s, allocs = self._pending_stall_s, self._pending_allocs
-        retries, frees, mallocs = self._pending_retries, self._pending_device_frees, self._pending_device_mallocs
+        record = _make_record(
+            self.hardware, spec, cost, name=name or op_type, step=self._step, stream=stream, start_s=self._clock_s,
+            scale=self._scale.get(op_type, 1.0), stall_s=self._pending_stall_s, alloc_count=self._pending_allocs,
+            alloc_retries=self._pending_retries, device_frees=self._pending_device_frees,
+            device_mallocs=self._pending_device_mallocs, source=_call_site(),
+        )
         self._pending_stall_s = 0.0
         self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
-        duration_s = cost.duration_s * scale + stall_s
-        hbm_util = (
-            cost.hbm_bytes / duration_s / self.hardware.memory.hbm_bandwidth_bytes_per_s
-            if duration_s > 0 and stream == "compute"
-            else 0.0
-        )
-        comm = None
-        if cost.comm is not None:
-            comm = CommInfo.model_construct(
-                bytes=cost.comm.bytes,
-                algorithm=cost.comm.algorithm,
-                group_size=cost.comm.group_size,
-                algbw_bytes_per_s=cost.comm.algbw_bytes_per_s,
-                busbw_bytes_per_s=cost.comm.busbw_bytes_per_s,
-                ranks=list(spec.attr("ranks", ())),
-            )
-        record = OpRecord.model_construct(
-            op_type=op_type,
-            name=name or op_type,
-            step=self._step,
-            stream=stream,
-            start_s=self._clock_s,
-            duration_s=duration_s,
-            flop=cost.flop,
-            hbm_bytes=cost.hbm_bytes,
-            l2_bytes=cost.l2_bytes,
-            block_dim=cost.block_dim,
-            dma_count=cost.dma_count,
-            ai_core_util_frac=cost.ai_core_util_frac / scale,
-            hbm_bandwidth_util_frac=hbm_util,
-            mac_ratio=cost.mac_ratio / scale,
-            vec_ratio=cost.vec_ratio / scale,
-            mte2_ratio=cost.mte2_ratio / scale,
-            input_shapes=[list(t.shape) for t in inputs],
-            dtype=dtype,
-            attrs={k: v for k, v in attr_items if isinstance(v, (bool, int, float, str))},
-            source=_call_site(),
-            comm=comm,
-            alloc_stall_s=stall_s,
-            alloc_count=allocs,
-            alloc_retries=retries,
-            device_frees=frees,
-            device_mallocs=mallocs,
-            overlapped_s=cost.overlapped_s * scale,
-            overlappable_s=cost.overlappable_s * scale,
-            overlap_frac=_overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if stream == "compute" else None,
-        )
+        duration_s = record.duration_s
         if self.collection == "online":
             self._deliver_final()  # the previous op can no longer change
         self._records.append(record)
