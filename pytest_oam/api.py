@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from simulator.profile import Profile
 
 from .baseline import BaselineFile, CollectionSettings, RunBaseline, load_baseline, save_baseline
-from .compare import RunComparison, compare_run, summarize
+from .compare import SIGNIFICANCE_ALPHA, RunComparison, apply_significance, compare_run, summarize
 from .diagnosis import Finding, diagnose
 from .fileio import atomic_write_bytes, atomic_write_text
 from .thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
@@ -373,11 +373,24 @@ class ComparisonReport:
             if v.status == "regressed"
         ]
 
+    def noise_notes(self) -> list[str]:
+        """What was above its limit but did not count, and why (never hidden)."""
+        notes = []
+        weak = [v for v in self.comparison.verdicts if v.status == "not-significant"]
+        if weak:
+            notes.append("above the limit but not significant (per-step samples, one-sided Mann-Whitney U): "
+                         + ", ".join(f"{v.op_type} {v.change_frac * 100:+.1f}% ({v.statistic})" for v in weak))
+        tiny = [v for v in self.comparison.verdicts if v.status == "insignificant"]
+        if tiny:
+            notes.append("above the limit but below the minimum time that counts: "
+                         + ", ".join(f"{v.op_type} {(v.current_s - v.baseline_s) * 1e6:+.1f} us" for v in tiny))
+        return notes
+
     def to_text(self) -> str:
         from .report import findings_text, verdict_table
 
         lines = [f"status: {self.status}", verdict_table(self.comparison.verdicts)]
-        lines += [f"note: {r}" for r in self.comparison.reasons]
+        lines += [f"note: {r}" for r in self.comparison.reasons + self.noise_notes()]
         if self.findings:
             lines += ["diagnosis:", findings_text(self.findings)]
         return "\n".join(lines)
@@ -391,6 +404,7 @@ class ComparisonReport:
             "limits": self.limits,
             "verdicts": [vars(v) for v in self.comparison.verdicts],
             "reasons": self.comparison.reasons,
+            "notes": self.noise_notes(),
             "findings": [
                 {"op_type": f.op_type, "kind": f.kind, "severity": f.severity, "delta_s": f.delta_s,
                  "call_sites": f.call_sites, "advice": f.advice,
@@ -404,7 +418,7 @@ class ComparisonReport:
         from .report import findings_markdown, verdict_table
 
         lines = [f"**{self.status}**", "", verdict_table(self.comparison.verdicts, fmt="github")]
-        lines += [f"- note: {r}" for r in self.comparison.reasons]
+        lines += [f"- note: {r}" for r in self.comparison.reasons + self.noise_notes()]
         lines += findings_markdown(self.findings)
         return "\n".join(lines) + "\n"
 
@@ -437,6 +451,7 @@ def compare_profiles(
     regression_threshold: float | str = 0.10,
     thresholds: Mapping[str, float | str] | None = None,
     min_delta_s: float | None = None,
+    alpha: float = SIGNIFICANCE_ALPHA,
 ) -> ComparisonReport:
     """Compare ``current`` with ``baseline`` with the plugin's comparison and diagnosis.
 
@@ -447,7 +462,12 @@ def compare_profiles(
     baseline file with several runs (a plugin test that profiled more than once) is compared
     on its run with the current workload's fingerprint. ``min_delta_s`` is the smallest change
     in seconds that counts (:func:`pytest_oam.compare.compare_run`); by default
-    :data:`REAL_MIN_DELTA_S` for imported real profiles, 0 for simulated ones.
+    :data:`REAL_MIN_DELTA_S` for imported real profiles, 0 for simulated ones. When both sides
+    are profiles with per-step samples (at least
+    :data:`~pytest_oam.compare.SIGNIFICANCE_MIN_SAMPLES` steps of an op type), a change above
+    its limit counts only if it is significant at ``alpha`` (a one-sided Mann-Whitney U test,
+    :func:`pytest_oam.compare.apply_significance`); otherwise it is reported as
+    ``not-significant``.
 
     Raises:
         ThresholdError: a negative, non-finite or malformed threshold.
@@ -460,7 +480,7 @@ def compare_profiles(
     per_op = {op: parse_limit(value) for op, value in (thresholds or {}).items()}
     resolver = LimitResolver.build(cli={"FlashAttention*": flash, "*": limit, **per_op})
     current_run, current_profile = _as_run(current, "current profile")
-    base_run, _ = _as_run(baseline, "baseline", current_run.workload_fingerprint)
+    base_run, base_profile = _as_run(baseline, "baseline", current_run.workload_fingerprint)
     if (base_run.hardware, base_run.devices) != (current_run.hardware, current_run.devices):
         raise ValueError(
             f"the baseline was made on {base_run.hardware} x {base_run.devices}, the current profile on "
@@ -471,6 +491,8 @@ def compare_profiles(
     if min_delta_s < 0 or not math.isfinite(min_delta_s):
         raise ValueError(f"min_delta_s must be a finite number >= 0, got {min_delta_s!r}")
     comparison = compare_run(0, base_run, current_run, resolver, min_delta_s)
+    if base_profile is not None and current_profile is not None:
+        comparison = apply_significance(comparison, base_profile, current_profile, alpha)
     findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops)
     return ComparisonReport(comparison.status, comparison, findings, base_run, current_run,
                             {"default": limit, "FlashAttention*": flash, **per_op})

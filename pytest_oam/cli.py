@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--threshold", action="append", default=[], metavar="[OP=]LIMIT",
                          help="default per-op limit (5%% or 0.05; FlashAttention keeps the stricter 2%%), "
                               "or a limit for one op type or glob (MatMul=5%%); repeatable (default: 10%%)")
+    compare.add_argument("--alpha", type=float, default=0.05, metavar="P",
+                         help="significance level when both profiles have several steps: a change above its "
+                              "limit counts only if a one-sided Mann-Whitney U test gives p < P (default: 0.05)")
     compare.add_argument("--min-delta-us", type=float, metavar="US",
                          help="smallest change in microseconds that counts (default: 20 for imported real "
                               "profiles, 0 for simulated ones)")
@@ -280,7 +283,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             default = entry
     report = compare_profiles(load_any(args.baseline), load_any(args.current), regression_threshold=default,
                               thresholds=per_op,
-                              min_delta_s=None if args.min_delta_us is None else args.min_delta_us * 1e-6)
+                              min_delta_s=None if args.min_delta_us is None else args.min_delta_us * 1e-6,
+                              alpha=args.alpha)
     print({"text": report.to_text, "json": report.to_json, "markdown": report.to_markdown}[args.format]())
     return EXIT_FAILED if report.status in FAILING_STATUSES else EXIT_OK
 

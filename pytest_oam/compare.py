@@ -119,8 +119,10 @@ def summarize(profile: Profile) -> RunBaseline:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One row of the comparison. ``status``: pass, regressed, improved, new, missing, or
-    insignificant (above the limit but by less than the minimum time that counts)."""
+    """One row of the comparison. ``status``: pass, regressed, improved, new, missing,
+    insignificant (above the limit but by less than the minimum time that counts), or
+    not-significant (above the limit, but the per-step samples do not show a change: see
+    :func:`apply_significance`; ``statistic`` then holds the p-value, e.g. ``p=0.31``)."""
 
     op_type: str
     baseline_s: float | None
@@ -156,6 +158,7 @@ class RunComparison:
     reasons: list[str] = field(default_factory=list)
     counters: dict[str, list[CounterChange]] = field(default_factory=dict)
     compared_nothing: bool = False
+    workload_changed: bool = False
 
     @property
     def regressions(self) -> list[Verdict]:
@@ -233,6 +236,62 @@ def _memory_verdicts(baseline: RunBaseline, current: RunBaseline, resolver: Limi
     return out
 
 
+#: Per-step samples each run needs before a change is tested for significance.
+SIGNIFICANCE_MIN_SAMPLES = 5
+#: A change counts when the one-sided Mann-Whitney U test gives a p-value below this.
+SIGNIFICANCE_ALPHA = 0.05
+
+
+def apply_significance(comparison: RunComparison, baseline: Profile, current: Profile,
+                       alpha: float = SIGNIFICANCE_ALPHA,
+                       min_samples: int = SIGNIFICANCE_MIN_SAMPLES) -> RunComparison:
+    """Demote regressions and improvements that the per-step samples do not support.
+
+    For each time row (an op type, or ``step``) that is ``regressed`` or ``improved`` and
+    that both profiles ran in at least ``min_samples`` steps, a one-sided Mann-Whitney U test
+    (``scipy.stats.mannwhitneyu``: no normality assumed, robust to a slow outlier step)
+    compares the per-step times; with a p-value of ``alpha`` or more the row becomes
+    ``not-significant`` and no longer fails. Rows with fewer samples keep their verdict: a
+    single real step cannot be tested, only limited (and ``min_delta_s`` still applies).
+    The run's status is recomputed.
+
+    Raises:
+        ValueError: ``alpha`` not in (0, 1) or ``min_samples`` < 2.
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, got {alpha!r}")
+    if not isinstance(min_samples, int) or min_samples < 2:
+        raise ValueError(f"min_samples must be an integer >= 2, got {min_samples!r}")
+    from scipy.stats import mannwhitneyu
+
+    def samples(profile: Profile, row: str) -> list[float]:
+        return list(profile.step_times_s) if row == STEP_ROW else profile.op_step_times_s(row)
+
+    verdicts = []
+    for v in comparison.verdicts:
+        if v.status in ("regressed", "improved") and v.unit == "s":
+            a, b = samples(baseline, v.op_type), samples(current, v.op_type)
+            if len(a) >= min_samples and len(b) >= min_samples:
+                side = "greater" if v.status == "regressed" else "less"
+                p_value = float(mannwhitneyu(b, a, alternative=side).pvalue)
+                if p_value >= alpha:
+                    v = dataclasses.replace(v, status="not-significant", statistic=f"p={p_value:.2g}")
+        verdicts.append(v)
+    status = comparison.status
+    if status in ("regressed", "improved"):
+        if any(v.status == "regressed" for v in verdicts):
+            status = "regressed"
+        elif any(v.status == "missing" for v in verdicts):
+            status = "missing-ops"
+        elif comparison.workload_changed:
+            status = "incomparable"
+        elif any(v.status == "improved" for v in verdicts):
+            status = "improved"
+        else:
+            status = "pass"
+    return dataclasses.replace(comparison, status=status, verdicts=verdicts)
+
+
 def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolver: LimitResolver,
                 min_delta_s: float = 0.0) -> RunComparison:
     """Compare one run with its baseline under the limits of ``resolver``.
@@ -288,7 +347,8 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
     else:
         status = "pass"
     return RunComparison(
-        index, status, verdicts, baseline.step_time_s, current.step_time_s, reasons, counters, compared_nothing
+        index, status, verdicts, baseline.step_time_s, current.step_time_s, reasons, counters, compared_nothing,
+        bool(workload),
     )
 
 

@@ -38,7 +38,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from simulator.profile import OpRecord, Profile
+from simulator.profile import CommInfo, MemoryRecord, OpRecord, Profile, StepMemory
 
 #: Column names of the two Ascend CSV flavours, first match wins.
 _COLUMNS = {
@@ -343,20 +343,210 @@ def _read_json(path: Path) -> object:
         raise ImportError_(f"{path}: is not valid JSON ({exc})") from None
 
 
+def import_torch_npu_folder(path: str | Path) -> Profile:
+    """A torch_npu profiler output folder (``*_ascend_pt`` or its ``ASCEND_PROFILER_OUTPUT``):
+    ``kernel_details.csv`` for the ops, plus, when present, ``operator_memory.csv`` for the
+    memory records and ``communication.json`` for the collectives.
+
+    From ``operator_memory.csv`` (sizes in KB = 1024 bytes, totals in MB = 2**20 bytes): one
+    ``alloc`` record per row at its Allocation Time and one ``free`` at its Release Time when
+    the tensor was released inside the window. ``cann::*`` rows are CANN's workspace pool, the
+    others torch_npu's caching allocator; each reports its own totals and the device's are their
+    sum. Per step: the peaks of the allocated and reserved totals, the allocation and free
+    counts, and device mallocs / frees counted as the rises and falls of a pool's reserved
+    total (a caching pool reserves memory only through device mallocs). What the file does not record is zero: allocator host time, retries, the
+    inactive split bytes and the largest free block.
+
+    From ``communication.json``: each collective's transit bytes (MB = 10**6 bytes, as its
+    ``Bandwidth(GB/s)`` = MB / ms shows), the bandwidth of its busiest transport as bus
+    bandwidth, bytes / elapse time as algorithm bandwidth, and its wait, synchronisation, idle
+    and transit times as op attributes (``wait_time_s`` ...), matched to the ``hcom_*`` rows of
+    ``kernel_details.csv`` by name. The algorithm and group size are not recorded there.
+
+    Raises:
+        ImportError_: no ``kernel_details.csv``, or a bad file (naming it, the line or field).
+    """
+    path = Path(path)
+    folder = path / "ASCEND_PROFILER_OUTPUT" if (path / "ASCEND_PROFILER_OUTPUT").is_dir() else path
+    kernels = folder / "kernel_details.csv"
+    if not kernels.is_file():
+        raise ImportError_(f"{path}: a folder without ASCEND_PROFILER_OUTPUT/kernel_details.csv or kernel_details.csv")
+    profile = import_ascend_csv(kernels)
+    origin_us = _csv_origin_us(kernels)
+    update: dict[str, object] = {}
+    if (folder / "communication.json").is_file():
+        update["ops"] = _attach_communication(profile.ops, folder / "communication.json")
+    if (folder / "operator_memory.csv").is_file():
+        events = _operator_memory(folder / "operator_memory.csv", origin_us, profile)
+        update["memory_events"] = events
+        update["memory"] = _step_memory(events, profile.steps)
+    if not update:
+        return profile
+    return Profile.model_validate({**profile.model_dump(), **{k: v for k, v in update.items()}})
+
+
+def _csv_origin_us(path: Path) -> decimal.Decimal:
+    """The first task start of a kernel_details.csv (the zero of the imported timeline)."""
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    column = next(c for c in _COLUMNS["start"] if c in [h.strip() for h in reader.fieldnames or []])
+    raw = column if column in (reader.fieldnames or []) else next(h for h in reader.fieldnames if h.strip() == column)
+    return min(_timestamp_us(row[raw], path, "start") for row in reader)
+
+
+def _step_of(time_s: float, profile: Profile) -> int:
+    """The step whose op span holds ``time_s`` (the last step that started before it)."""
+    starts = {}
+    for op in profile.ops:
+        if op.step not in starts or op.start_s < starts[op.step]:
+            starts[op.step] = op.start_s
+    step = 0
+    for s, start in sorted(starts.items(), key=lambda kv: kv[1]):
+        if start <= time_s:
+            step = s
+    return step
+
+
+_MEMORY_COLUMNS = ("Name", "Size(KB)", "Allocation Time(us)", "Release Time(us)", "Allocation Total Allocated(MB)",
+                   "Allocation Total Reserved(MB)", "Release Total Allocated(MB)", "Release Total Reserved(MB)")
+
+
+def _operator_memory(path: Path, origin_us: decimal.Decimal, profile: Profile) -> list[MemoryRecord]:
+    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+    header = [h.strip() for h in reader.fieldnames or []]
+    missing = [c for c in _MEMORY_COLUMNS if c not in header]
+    if missing:
+        raise ImportError_(f"{path}: no {', '.join(map(repr, missing))} column; not a torch_npu operator_memory.csv")
+    reader.fieldnames = header
+    mib = 2**20
+    events = []
+    try:
+        rows = list(enumerate(reader, start=2))
+    except csv.Error as exc:
+        raise ImportError_(f"{path}: line {reader.line_num}: not a valid CSV row ({exc})") from None
+    for line, row in rows:
+        if None in row or any(v is None for v in row.values()):
+            raise ImportError_(f"{path}: line {line}: {len(header)} columns expected (truncated file?)")
+
+        def num(column: str, default: float | None = None, row=row, line=line) -> float:
+            return _number(row[column], path, f"line {line}, column {column!r}", default)
+
+        size = int(num("Size(KB)") * 1024)
+        # CANN's own workspace pool reports its own totals; everything else is torch_npu's
+        # caching allocator
+        pool = "cann" if row["Name"].strip().startswith("cann::") else "torch_npu"
+        if size < 0:
+            raise ImportError_(f"{path}: line {line}, column 'Size(KB)': negative size")
+        stream = int(num("Stream Ptr", 0.0)) if "Stream Ptr" in header else 0
+        for action, time_col, alloc_col, reserved_col in (
+            ("alloc", "Allocation Time(us)", "Allocation Total Allocated(MB)", "Allocation Total Reserved(MB)"),
+            ("free", "Release Time(us)", "Release Total Allocated(MB)", "Release Total Reserved(MB)"),
+        ):
+            if not row[time_col].strip():
+                continue  # not released inside the profiling window
+            time_s = max(0.0, float(_timestamp_us(row[time_col], path, f"line {line}, column {time_col!r}") - origin_us)
+                         * 1e-6)
+            events.append(MemoryRecord(
+                step=_step_of(time_s, profile), time_s=time_s, action=action, requested_bytes=size,
+                block_bytes=size, address=0, pool=pool, stream=max(0, stream), latency_s=0.0,
+                device_mallocs=0, device_frees=0, alloc_retried=False,
+                allocated_bytes=max(0, int(num(alloc_col, 0.0) * mib)),
+                reserved_bytes=max(0, int(num(reserved_col, 0.0) * mib)),
+            ))
+    events.sort(key=lambda e: (e.time_s, e.action != "alloc"))
+    # Each pool reports its own totals: the device's are their sum. A pool's reserved total
+    # rises only by device mallocs and falls only by device frees.
+    marked, pools = [], {}
+    for e in events:
+        previous = pools.get(e.pool)
+        pools[e.pool] = (e.allocated_bytes, e.reserved_bytes)
+        mallocs = int(previous is not None and e.reserved_bytes > previous[1])
+        frees = int(previous is not None and e.reserved_bytes < previous[1])
+        marked.append(e.model_copy(update={
+            "device_mallocs": mallocs, "device_frees": frees,
+            "allocated_bytes": sum(a for a, _ in pools.values()), "reserved_bytes": sum(r for _, r in pools.values()),
+        }))
+    return marked
+
+
+def _step_memory(events: list[MemoryRecord], steps: int) -> list[StepMemory]:
+    result = []
+    for step in range(steps):
+        mine = [e for e in events if e.step == step]
+        if not mine:
+            continue
+        result.append(StepMemory(
+            step=step, allocated_peak_bytes=max(e.allocated_bytes for e in mine),
+            reserved_peak_bytes=max(e.reserved_bytes for e in mine),
+            allocated_end_bytes=mine[-1].allocated_bytes, reserved_end_bytes=mine[-1].reserved_bytes,
+            inactive_split_bytes=0, largest_free_block_bytes=0,
+            alloc_count=sum(e.action == "alloc" for e in mine), free_count=sum(e.action == "free" for e in mine),
+            device_mallocs=sum(e.device_mallocs for e in mine), device_frees=sum(e.device_frees for e in mine),
+            alloc_retries=0, alloc_time_s=0.0,
+        ))
+    return result
+
+
+_TIME_FIELDS = {"wait_time_s": "Wait Time(ms)", "synchronization_time_s": "Synchronization Time(ms)",
+                "idle_time_s": "Idle Time(ms)", "transit_time_s": "Transit Time(ms)"}
+
+
+def _attach_communication(ops: list[OpRecord], path: Path) -> list[OpRecord]:
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise ImportError_(f"{path}: is not a torch_npu communication.json (expected an object of steps)")
+    info: dict[str, tuple[CommInfo, dict[str, float | str]]] = {}
+    for step, groups in data.items():
+        if not isinstance(groups, dict):
+            raise ImportError_(f"{path}: {step}: expected an object with 'collective' and 'p2p'")
+        for kind in ("collective", "p2p"):
+            for key, op in (groups.get(kind) or {}).items():
+                if key == "Total Op Info" or not isinstance(op, dict):
+                    continue
+                where = f"{step}.{kind}.{key}"
+                times = op.get("Communication Time Info")
+                links = op.get("Communication Bandwidth Info")
+                if not isinstance(times, dict) or not isinstance(links, dict):
+                    raise ImportError_(f"{path}: {where}: no 'Communication Time Info' / 'Communication Bandwidth Info'")
+                elapse_s = _number(times.get("Elapse Time(ms)"), path, f"{where}: 'Elapse Time(ms)'") * 1e-3
+                transports = {
+                    name: (_number(v.get("Transit Size(MB)"), path, f"{where}: {name} 'Transit Size(MB)'", 0.0) * 1e6,
+                           _number(v.get("Bandwidth(GB/s)"), path, f"{where}: {name} 'Bandwidth(GB/s)'", 0.0) * 1e9)
+                    for name, v in links.items() if isinstance(v, dict) and name != "SDMA"
+                } or {}
+                if not any(b for b, _ in transports.values()) and isinstance(links.get("SDMA"), dict):
+                    sdma = links["SDMA"]
+                    transports = {"SDMA": (_number(sdma.get("Transit Size(MB)"), path, f"{where}: SDMA size", 0.0) * 1e6,
+                                           _number(sdma.get("Bandwidth(GB/s)"), path, f"{where}: SDMA bw", 0.0) * 1e9)}
+                nbytes = sum(b for b, _ in transports.values())
+                busiest = max(transports, key=lambda n: transports[n][0]) if transports else "none"
+                attrs: dict[str, float | str] = {
+                    name: max(0.0, _number(times.get(col), path, f"{where}: {col!r}", 0.0)) * 1e-3
+                    for name, col in _TIME_FIELDS.items()
+                }
+                attrs["transport"] = busiest
+                comm = CommInfo(bytes=int(nbytes), algorithm="unrecorded",
+                                algbw_bytes_per_s=nbytes / elapse_s if elapse_s > 0 else 0.0,
+                                busbw_bytes_per_s=max(0.0, transports.get(busiest, (0, 0.0))[1]))
+                info[key.split("@")[0]] = (comm, attrs)
+    result = []
+    for op in ops:
+        found = info.get(op.name) if op.stream == "hccl" else None
+        result.append(op if found is None else op.model_copy(update={"comm": found[0],
+                                                                      "attrs": {**op.attrs, **found[1]}}))
+    return result
+
+
 def import_profile(path: str | Path) -> Profile:
     """Import whatever real profiler output ``path`` is: a ``.csv`` (torch_npu or msprof), a
-    Chrome-trace ``.json`` / ``.json.gz``, or a torch_npu output folder (its
-    ``ASCEND_PROFILER_OUTPUT/kernel_details.csv`` or ``kernel_details.csv``).
+    Chrome-trace ``.json`` / ``.json.gz``, or a torch_npu output folder
+    (:func:`import_torch_npu_folder`).
 
     Raises:
         ImportError_: nothing importable there (naming the file and the problem).
     """
     path = Path(path)
     if path.is_dir():
-        for candidate in (path / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv", path / "kernel_details.csv"):
-            if candidate.is_file():
-                return import_ascend_csv(candidate)
-        raise ImportError_(f"{path}: a folder without ASCEND_PROFILER_OUTPUT/kernel_details.csv or kernel_details.csv")
+        return import_torch_npu_folder(path)
     if path.suffix.lower() == ".csv":
         return import_ascend_csv(path)
     return import_chrome_trace(path)

@@ -36,7 +36,7 @@ class VerdictReport(BaseModel):
     change_frac: float | None
     limit_frac: float = Field(ge=0)
     limit_source: str
-    status: Literal["pass", "regressed", "improved", "new", "missing", "insignificant"]
+    status: Literal["pass", "regressed", "improved", "new", "missing", "insignificant", "not-significant"]
     statistic: Literal["median", "mean", "p99"] = Field(description="The per-step statistic that decided")
     unit: Literal["s", "bytes"] = Field(default="s", description="Unit of baseline_s and current_s")
 
@@ -154,6 +154,8 @@ def fmt_rate(tokens_per_s: float | None) -> str:
 def _verdict_label(status: str, statistic: str) -> str:
     if status == "insignificant":
         return "above limit, below min time"
+    if status == "not-significant":
+        return f"above limit, not significant ({statistic})"
     if status != "regressed":
         return status
     return {"median": "REGRESSED", "mean": "REGRESSED (mean over steps)"}.get(

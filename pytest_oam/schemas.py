@@ -15,12 +15,14 @@ def schemas() -> dict[str, dict]:
     from simulator.profile import Profile
 
     from .baseline import BaselineFile
+    from .record import RecordFile
     from .report import OamReport
 
     return {
         "baseline.v1.schema.json": BaselineFile.model_json_schema(),
         "report.v1.schema.json": OamReport.model_json_schema(),
         "profile.v1.schema.json": Profile.model_json_schema(),
+        "record.v1.schema.json": RecordFile.model_json_schema(),
     }
 
 

@@ -656,7 +656,7 @@ class OamSession:
         for t in tests:
             if t.status == "regressed":
                 worst = [v for v in t.verdicts if v.status == "regressed"]
-                runs = f" in run {{}}" if len(t.runs) > 1 else ""
+                runs = " in run {}" if len(t.runs) > 1 else ""
                 detail = ", ".join(f"{v.op_type}{runs.format(v.run + 1)} {v.change_frac * 100:+.1f}% "
                                    f"(limit {v.limit_frac * 100:.1f}%)" for v in worst)
                 tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)

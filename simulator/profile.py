@@ -21,7 +21,8 @@ class CommInfo(BaseModel):
     model_config = _RECORD_CONFIG
     bytes: NonNegativeInt
     algorithm: str
-    group_size: int = Field(ge=1)
+    group_size: int | None = Field(default=None, ge=1, description="Ranks in the group; None when the profiler "
+                                   "did not record it (imported runs)")
     algbw_bytes_per_s: NonNegativeFloat
     busbw_bytes_per_s: NonNegativeFloat
     ranks: list[NonNegativeInt] = Field(default_factory=list, description="Global ranks of the group, when known")

@@ -50,7 +50,9 @@ def test_ascend_csv_details() -> None:
     conv = next(op for op in profile.ops if op.op_type == "Conv2D")
     # shapes as recorded (the device's NC1HWC0 layout) and the pipe ratios are kept
     assert conv.input_shapes[0] == [32, 1, 224, 224, 8] and conv.mac_ratio > 0
-    assert import_profile(LEVEL1.parent).ops == profile.ops  # the output folder works too
+    folder = import_profile(LEVEL1.parent)  # the output folder works too (and adds memory and comm)
+    assert [(o.name, o.start_s, o.duration_s) for o in folder.ops] == [(o.name, o.start_s, o.duration_s)
+                                                                      for o in profile.ops]
 
 
 def slowed(path: Path, tmp_path: Path, op_type: str, factor: float) -> Path:
@@ -202,3 +204,105 @@ def test_step_ids_sort_as_numbers_and_step_counts_may_differ(tmp_path) -> None:
     profile = import_profile(two)
     assert [op.step for op in profile.ops] == [0, 0, 1, 1]  # 9 before 10, not "10" < "9"
     assert oam.compare_profiles(import_profile(one), profile).status == "pass"
+
+
+FOLDER1 = DATA / "ascend-msinsight-alexnet2p-level1-rank0"
+
+
+def test_torch_npu_folder_brings_memory_and_communication() -> None:
+    profile = import_profile(FOLDER1)
+    assert len(profile.ops) == 191
+    # operator_memory.csv: 184 rows, 24 not released in the window (SOURCES.md)
+    assert sum(e.action == "alloc" for e in profile.memory_events) == 184
+    assert sum(e.action == "free" for e in profile.memory_events) == 184 - 24
+    assert {e.pool for e in profile.memory_events} == {"torch_npu", "cann"}
+    (step,) = profile.memory
+    # the two pools reserve 1452.0 MB (torch_npu) + 74.75 MB (cann::* rows) all along
+    assert step.reserved_peak_bytes == int((1452.0 + 74.75) * 2**20)
+    assert step.alloc_count == 184 and step.free_count == 160 and step.device_mallocs == 0
+    assert all(a.time_s <= b.time_s for a, b in zip(profile.memory_events, profile.memory_events[1:]))
+    # communication.json: four allReduce ops matched by name to the hcom rows
+    hccl = [op for op in profile.ops if op.stream == "hccl"]
+    assert len(hccl) == 4 and all(op.comm is not None for op in hccl)
+    first = next(op for op in hccl if op.name == "hcom_allReduce__586_0_1")
+    assert first.comm.bytes == 28_647_232  # 28.647232 MB over HCCS
+    assert first.comm.busbw_bytes_per_s == pytest.approx(15.7676e9)
+    assert first.comm.algbw_bytes_per_s == pytest.approx(28_647_232 / 79.08952021875e-3)
+    assert first.attrs["wait_time_s"] == pytest.approx(5.64663284375e-3)
+    assert first.attrs["idle_time_s"] == pytest.approx(73.20370259375e-3)
+    assert first.attrs["transport"] == "HCCS" and first.comm.group_size is None
+    # the ASCEND_PROFILER_OUTPUT level works the same as its parent
+    assert import_profile(FOLDER1).ops == profile.ops
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("communication.json", "[1, 2]", "is not a torch_npu communication.json"),
+    ("communication.json", '{"step1": {"collective": {"hcom_x": {"Communication Time Info": {}}}}}',
+     "step1.collective.hcom_x: no 'Communication Time Info' / 'Communication Bandwidth Info'"),
+    ("communication.json", ('{"step1": {"collective": {"hcom_x": {"Communication Time Info": '
+     '{"Elapse Time(ms)": "soon"}, "Communication Bandwidth Info": {}}}}}'),
+     "step1.collective.hcom_x: 'Elapse Time(ms)': 'soon' is not a number"),
+    ("communication.json", '{"step1": ', "is not valid JSON"),
+    ("operator_memory.csv", "Name,Size(KB)\naten::empty,4\n", "no 'Allocation Time(us)'"),
+    ("operator_memory.csv", None, "line 3: 15 columns expected (truncated file?)"),
+    ("operator_memory.csv", "\x00\x01\xfe\xff" * 50, "is not UTF-8 text"),
+])
+def test_malformed_folder_files_are_named(tmp_path, name, content, message) -> None:
+    folder = tmp_path / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    folder.mkdir(parents=True)
+    for f in ("kernel_details.csv", "communication.json", "operator_memory.csv"):
+        (folder / f).write_bytes((FOLDER1 / f).read_bytes())
+    if content is None:  # cut the second data row short
+        lines = (FOLDER1 / name).read_text().splitlines()
+        content = "\n".join([lines[0], lines[1], lines[2][:30]]) + "\n"
+    (folder / name).write_bytes(content.encode("latin-1") if isinstance(content, str) else content)
+    with pytest.raises(ImportError_) as err:
+        import_profile(tmp_path / "rank0_ascend_pt")
+    assert str(folder / name) in str(err.value) and message in str(err.value)
+
+
+def _multi_step_csv(path: Path, means_us: dict[str, float], steps: int, seed: int, noise_frac: float) -> Path:
+    """A kernel_details.csv of ``steps`` steps whose op times scatter around ``means_us``."""
+    import random
+
+    rnd = random.Random(seed)
+    lines, t = ["Step Id,Name,Type,Accelerator Core,Start Time(us),Duration(us)"], 0.0
+    for step in range(steps):
+        for name, mean in means_us.items():
+            duration = max(1.0, rnd.gauss(mean, mean * noise_frac))
+            lines.append(f"{step},{name}_{step},{name},AI_CORE,{t:.3f}\t,{duration:.3f}")
+            t += duration + 5.0
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_noisy_change_above_the_limit_is_shown_as_not_significant(tmp_path, capsys) -> None:
+    # 6 steps each, 15% step-to-step noise, MatMul's mean moved +12%: the medians differ by
+    # +16.4%, above the 10% limit, but the samples overlap (p = 0.09 one-sided)
+    base = _multi_step_csv(tmp_path / "b.csv", {"MatMul": 500, "Add": 100}, 6, seed=1, noise_frac=0.15)
+    cur = _multi_step_csv(tmp_path / "c.csv", {"MatMul": 560, "Add": 100}, 6, seed=2, noise_frac=0.15)
+    report = oam.compare_profiles(load_any(base), load_any(cur))
+    matmul = next(v for v in report.comparison.verdicts if v.op_type == "MatMul")
+    assert matmul.change_frac > 0.10 and matmul.status == "not-significant" and matmul.statistic == "p=0.09"
+    assert report.status == "pass" and report.regressions == []
+    assert "above the limit but not significant" in report.to_text() and "MatMul +16.4% (p=0.09)" in report.to_text()
+    assert json.loads(report.to_json())["notes"][0].startswith("above the limit but not significant")
+    code = main(["compare", str(base), str(cur)])
+    assert code == 0 and "above limit, not significant (p=0.09)" in capsys.readouterr().out
+    # a stricter level of evidence is the user's choice; a looser one turns it into a regression
+    assert main(["compare", str(base), str(cur), "--alpha", "0.1"]) == 1
+    capsys.readouterr()
+    assert main(["compare", str(base), str(cur), "--alpha", "1.5"]) == 2
+    assert "alpha must be between 0 and 1, got 1.5" in capsys.readouterr().err
+
+
+def test_a_clear_change_with_enough_samples_is_a_regression(tmp_path) -> None:
+    base = _multi_step_csv(tmp_path / "b.csv", {"MatMul": 500, "Add": 100}, 12, seed=1, noise_frac=0.02)
+    cur = _multi_step_csv(tmp_path / "c.csv", {"MatMul": 650, "Add": 100}, 12, seed=2, noise_frac=0.02)
+    report = oam.compare_profiles(load_any(base), load_any(cur))
+    assert report.status == "regressed" and [r.op_name for r in report.regressions] == ["MatMul", "step"]
+    # with fewer than 5 steps on a side there is no test: the limit (and the minimum time) alone decide
+    few = _multi_step_csv(tmp_path / "few.csv", {"MatMul": 560, "Add": 100}, 4, seed=2, noise_frac=0.15)
+    few_base = _multi_step_csv(tmp_path / "few_b.csv", {"MatMul": 500, "Add": 100}, 4, seed=1, noise_frac=0.15)
+    verdicts = oam.compare_profiles(load_any(few_base), load_any(few)).comparison.verdicts
+    assert all(v.status != "not-significant" for v in verdicts)  # 4 steps < 5 samples: not tested
