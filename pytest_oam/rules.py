@@ -151,7 +151,8 @@ def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
     warm = ctx.warm_steps
     for op in ctx.profile.ops:
         if op.stream == "compute" and op.step in warm:
-            key = (op.op_type, str(op.input_shapes), op.dtype, str(sorted(op.attrs.items())))
+            attrs = {k: v for k, v in op.attrs.items() if k != "wait_hccl_op"}  # where it waited, not what it is
+            key = (op.op_type, str(op.input_shapes), op.dtype, str(sorted(attrs.items())))
             groups[key].append(op)
     for ops in groups.values():
         if len(ops) < 3:
@@ -306,12 +307,14 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
 
 @rule("comm-share", "Communication not overlapped with compute", share_frac=0.2, small_message_bytes=1 << 20)
 def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
-    """Collectives that take more than ``share_frac`` of the step on the critical path, with
-    their algorithm bandwidth, and many small messages (below ``small_message_bytes``)."""
+    """Collectives whose exposed time (on the HCCL stream while no compute op runs) takes more
+    than ``share_frac`` of the step, with their overlap, algorithm and bus bandwidth, and how
+    many messages are small (below ``small_message_bytes``)."""
+    step = ctx.profile.steps - 1
     comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.comm is not None]
-    total = sum(o.duration_s for o in comm)
-    step_s = sum(o.duration_s for o in ctx.step0_ops()) or 0.0
-    if not comm or step_s <= 0 or total / step_s < ctx.thresholds["share_frac"]:
+    total_s, exposed_s = ctx.profile.comm_time_s(step)
+    step_s = ctx.profile.step_times_s[step] if ctx.profile.steps else 0.0
+    if not comm or step_s <= 0 or exposed_s / step_s < ctx.thresholds["share_frac"]:
         return
     by_type: dict[str, float] = defaultdict(float)
     for o in comm:
@@ -320,13 +323,76 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
     small = sum(1 for o in comm if o.comm.bytes < ctx.thresholds["small_message_bytes"])
     parts = ", ".join(f"{t} {d * 1e3:.2f} ms" for t, d in sorted(by_type.items(), key=lambda kv: -kv[1]))
     found = _finding(
-        ctx, "comm-share", op, total,
-        f"{len(comm)} collectives take {total * 1e3:.2f} ms per step ({total / step_s * 100:.0f}%: {parts}), "
-        f"none hidden behind compute; the largest, {op.op_type}, runs {op.comm.algorithm} at "
+        ctx, "comm-share", op, exposed_s,
+        f"{len(comm)} collectives take {total_s * 1e3:.2f} ms per step ({parts}); {exposed_s * 1e3:.2f} ms of it "
+        f"({exposed_s / step_s * 100:.0f}% of the step) is exposed, not hidden behind compute "
+        f"(overlap {(1 - exposed_s / total_s) * 100:.0f}%); the largest, {op.op_type}, runs {op.comm.algorithm} at "
         f"{op.comm.busbw_bytes_per_s / 1e9:.1f} GB/s bus bandwidth"
         + (f"; {small} messages under {ctx.thresholds['small_message_bytes'] / 2**20:g} MiB" if small else ""),
-        "overlap communication with compute (gradient buckets during backward), fuse small messages "
-        "into larger buckets, or keep the group inside one HCCS mesh",
+        "overlap communication with compute (asynchronous gradient buckets during backward), fuse small "
+        "messages into larger buckets, or keep the group inside one HCCS mesh",
+    )
+    if found:
+        yield found
+
+
+@rule("comm-wait", "Collectives waiting for a slower rank", share_frac=0.03)
+def comm_wait(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Collectives that waited for other ranks to arrive (``attrs["wait_time_s"]``: simulated
+    stragglers, or a real profile's communication.json Wait Time) for more than ``share_frac``
+    of the step: one rank (or the link to it) is slower than the others."""
+    comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.attrs.get("wait_time_s")]
+    step_s = ctx.profile.step_times_s[-1] if ctx.profile.steps else 0.0
+    wait_s = sum(float(op.attrs["wait_time_s"]) for op in comm)
+    if not comm or step_s <= 0 or wait_s / step_s < ctx.thresholds["share_frac"]:
+        return
+    op = max(comm, key=lambda o: float(o.attrs["wait_time_s"]))
+    found = _finding(
+        ctx, "comm-wait", op, wait_s,
+        f"{len(comm)} collectives waited {wait_s * 1e3:.2f} ms per step ({wait_s / step_s * 100:.1f}% of the step) "
+        f"for other ranks to arrive; the longest wait, {float(op.attrs['wait_time_s']) * 1e3:.2f} ms, in {op.name} "
+        f"({op.op_type})" + (f" over ranks {op.comm.ranks}" if op.comm and op.comm.ranks else ""),
+        "a slow rank or a slow link holds the others back: compare the ranks' step and compute times "
+        "(msprof-analyze cluster analysis), check that card's HBM and AI Core clock, its load and its links",
+    )
+    if found:
+        yield found
+
+
+@rule("slow-link", "Collective slower than its links allow", factor=1.2)
+def slow_link(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Collectives (simulated, with their ranks recorded) that took more than ``factor`` times
+    what the hardware's links allow for their size and group, after any wait for other ranks:
+    a degraded link (``attrs["link_bandwidth_frac"]``) or a congested one."""
+    from simulator.costs import OpSpec, op_cost
+
+    slow: list[tuple[OpRecord, float]] = []
+    for op in ctx.step0_ops():
+        if op.stream != "hccl" or op.comm is None or not op.comm.ranks:
+            continue
+        attrs = {k: v for k, v in op.attrs.items() if k not in ("link_bandwidth_frac", "wait_time_s", "async_op")}
+        attrs["ranks"] = tuple(op.comm.ranks)
+        spec = OpSpec(op.op_type, tuple(tuple(s) for s in op.input_shapes), op.dtype, tuple(sorted(attrs.items())))
+        try:
+            expected_s = op_cost(spec, ctx.hardware).duration_s
+        except (KeyError, ValueError):
+            continue
+        actual_s = op.duration_s - float(op.attrs.get("wait_time_s", 0.0)) - op.alloc_stall_s
+        if actual_s > ctx.thresholds["factor"] * expected_s:
+            slow.append((op, actual_s - expected_s))
+    if not slow:
+        return
+    excess_s = sum(extra for _, extra in slow)
+    op, extra = max(slow, key=lambda pair: pair[1])
+    found = _finding(
+        ctx, "slow-link", op, excess_s,
+        f"{len(slow)} collectives run slower than their links allow, {excess_s * 1e3:.2f} ms per step in all; "
+        f"{op.name} ({op.op_type}, {op.comm.bytes / 2**20:.1f} MiB over ranks {op.comm.ranks}) takes "
+        f"{(op.duration_s - float(op.attrs.get('wait_time_s', 0.0))) * 1e3:.2f} ms against "
+        f"{(op.duration_s - extra - float(op.attrs.get('wait_time_s', 0.0))) * 1e3:.2f} ms expected, "
+        f"at {op.comm.busbw_bytes_per_s / 1e9:.1f} GB/s bus bandwidth",
+        "a degraded or congested HCCS/PCIe/RoCE link between these ranks: check the link (hccn_tool, "
+        "npu-smi), or keep the group off it",
     )
     if found:
         yield found

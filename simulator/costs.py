@@ -631,13 +631,18 @@ def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     Algorithms: inside one full HCCS mesh, Mesh (every card talks to every other card at
     once); across the HCCS groups of one server, hierarchical (Mesh inside each group, Ring
     over PCIe between groups); across servers, Ring over RoCE between servers.
+
+    Attribute ``link_bandwidth_frac`` (0 < frac <= 1, default 1): a degraded link in the group;
+    every algorithm here moves data over all its links in lockstep, so the slowest link sets the
+    bandwidth of all.
     """
     ranks: tuple[int, ...] = spec.attr("ranks")
     p = len(ranks)
     elt = DTYPE_BYTES[spec.dtype]
     nbytes = _numel(spec.shapes[0]) * elt
     ic = hw.interconnect
-    eff = ic.link_efficiency_frac
+    # a degraded link in the group bounds the whole collective (attribute link_bandwidth_frac)
+    eff = ic.link_efficiency_frac * spec.attr("link_bandwidth_frac", 1.0)
     kind = spec.op_type
     # Number of data passes: AllReduce = ReduceScatter + AllGather.
     passes = 2 if kind == "AllReduce" else 1

@@ -287,6 +287,32 @@ class Profile(BaseModel):
         """Number of steps in which ``op_type`` ran."""
         return len(self._op_time_by_step.get(op_type, ()))
 
+    def comm_time_s(self, step: int) -> tuple[float, float]:
+        """``(communication, exposed)`` seconds of ``step``: the time of its collectives (HCCL
+        stream), and the part of it during which no compute op ran (not hidden behind compute)."""
+        compute = sorted((op.start_s, op.start_s + op.duration_s) for op in self.ops
+                         if op.step == step and op.stream == "compute")
+        merged: list[list[float]] = []
+        for start, end in compute:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        total = exposed = 0.0
+        for op in self.ops:
+            if op.step != step or op.stream != "hccl":
+                continue
+            start, end = op.start_s, op.start_s + op.duration_s
+            hidden = sum(max(0.0, min(end, b) - max(start, a)) for a, b in merged)
+            total += op.duration_s
+            exposed += max(0.0, op.duration_s - hidden)
+        return total, exposed
+
+    def comm_overlap_frac(self, step: int) -> float | None:
+        """Share of ``step``'s communication time hidden behind compute (``None``: no collective)."""
+        total, exposed = self.comm_time_s(step)
+        return None if total <= 0 else 1.0 - exposed / total
+
     def ops_of(self, op_type: str) -> list[OpRecord]:
         return [op for op in self.ops if op.op_type == op_type]
 

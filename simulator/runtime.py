@@ -101,11 +101,12 @@ def _overlap(overlapped_s: float, overlappable_s: float, stall_s: float) -> floa
 def _make_record(
     hw: HardwareSpec, spec: OpSpec, cost: OpCost, *, name: str, step: int, stream: str, start_s: float,
     scale: float, stall_s: float, alloc_count: int, alloc_retries: int, device_frees: int, device_mallocs: int,
-    source: str | None,
+    source: str | None, wait_s: float = 0.0,
 ) -> OpRecord:
     """The record of one op: its cost on ``hw``, scaled by ``scale`` (fault injection), plus the
-    memory stall ``stall_s`` that preceded the kernel."""
-    duration_s = cost.duration_s * scale + stall_s
+    memory stall ``stall_s`` that preceded the kernel and, for a collective, the time
+    ``wait_s`` it waited for a slower rank (``attrs["wait_time_s"]``)."""
+    duration_s = cost.duration_s * scale + stall_s + wait_s
     hbm_util = (
         cost.hbm_bytes / duration_s / hw.memory.hbm_bandwidth_bytes_per_s
         if duration_s > 0 and stream == "compute"
@@ -140,7 +141,8 @@ def _make_record(
         mte2_ratio=cost.mte2_ratio / scale,
         input_shapes=[list(shape) for shape in spec.shapes],
         dtype=spec.dtype,
-        attrs={k: v for k, v in spec.attrs if isinstance(v, (bool, int, float, str))},
+        attrs={**{k: v for k, v in spec.attrs if isinstance(v, (bool, int, float, str))},
+               **({"wait_time_s": wait_s} if wait_s else {})},
         source=source,
         comm=comm,
         alloc_stall_s=stall_s,
@@ -158,7 +160,11 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
     """The recorded op sequence of ``profile`` simulated again on ``hardware`` (a what-if).
 
     Each op is costed from its recorded type, input shapes, dtype and attributes (a collective
-    from its recorded ranks); ops run one after the other as in :func:`run`. Memory is not
+    from its recorded ranks) and placed on its stream as in :func:`run`: compute in order, the
+    collectives in order on the HCCL stream (blocking ones holding compute, asynchronous ones
+    beside it), a compute op that followed a ``Work.wait()`` after the collective it waited
+    for, and every step starting synchronised. Waits for slower ranks are kept as recorded.
+    Memory is not
     simulated again: each op keeps its recorded allocation stall, and the memory statistics
     and events are carried over unchanged. A profile recorded online keeps its per-op overhead.
 
@@ -174,9 +180,13 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
     scale = dict(op_time_scale or {})
     overhead_s = spec_hw.profiler.online_callback_overhead_s if profile.collection == "online" else 0.0
     cache: dict[OpSpec, OpCost] = {}
-    records, clock_s = [], 0.0
+    records: list[OpRecord] = []
+    clock_s = hccl_s = 0.0
+    step = profile.ops[0].step if profile.ops else 0
     for op in profile.ops:
-        attrs = dict(op.attrs)
+        if op.step != step:  # steps end synchronised, as in the run
+            clock_s, step = max(clock_s, hccl_s), op.step
+        attrs = {k: v for k, v in op.attrs.items() if k != "wait_time_s"}
         if op.comm is not None and op.comm.ranks:
             attrs["ranks"] = tuple(op.comm.ranks)
         spec = OpSpec(op.op_type, tuple(tuple(s) for s in op.input_shapes), op.dtype, tuple(sorted(attrs.items())))
@@ -188,18 +198,63 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
                 where = f" at {op.source}" if op.source else ""
                 raise ValueError(f"op {op.name} ({op.op_type}, shapes {op.input_shapes}, {op.dtype}){where}: "
                                  f"cannot be simulated on {spec_hw.name}: {exc}") from None
+        if op.stream == "hccl":
+            start_s = max(clock_s, hccl_s)
+        else:
+            waited = op.attrs.get("wait_hccl_op")
+            if isinstance(waited, int) and 0 <= waited < len(records):
+                done = records[waited]
+                clock_s = max(clock_s, done.start_s + done.duration_s)
+            start_s = clock_s
         record = _make_record(
-            spec_hw, spec, cost, name=op.name, step=op.step, stream=op.stream, start_s=clock_s,
+            spec_hw, spec, cost, name=op.name, step=op.step, stream=op.stream, start_s=start_s,
             scale=scale.get(op.op_type, 1.0), stall_s=op.alloc_stall_s, alloc_count=op.alloc_count,
             alloc_retries=op.alloc_retries, device_frees=op.device_frees, device_mallocs=op.device_mallocs,
-            source=op.source,
+            source=op.source, wait_s=float(op.attrs.get("wait_time_s", 0.0)),
         )
         records.append(record)
-        clock_s += record.duration_s + overhead_s
+        end_s = start_s + record.duration_s
+        if op.stream == "hccl":
+            hccl_s = end_s
+            if not op.attrs.get("async_op"):
+                clock_s = end_s
+        else:
+            clock_s = end_s
+        clock_s += overhead_s  # the host's callback delays the next issue, whatever the stream
     fields = {name: getattr(profile, name) for name in Profile.model_fields}
     # not model_copy: it would carry over the cached step times of the original
     return Profile.model_construct(**{**fields, "hardware": spec_hw.name, "simulator_version": SIMULATOR_VERSION,
                                       "ops": records})
+
+
+class Work:
+    """An asynchronous collective (``async_op=True``), as ``torch.distributed`` returns one.
+
+    The collective runs on the HCCL stream while the compute stream goes on; :meth:`wait`
+    makes the compute stream wait for it (and, the HCCL stream being in order, for every
+    collective issued before it).
+    """
+
+    def __init__(self, npu: NPU, index: int, end_s: float, result: Tensor) -> None:
+        self._npu, self._index, self._end_s, self.result = npu, index, end_s, result
+
+    def wait(self) -> Tensor:
+        """Block the compute stream until the collective is done; returns its result tensor."""
+        self._npu._wait_for(self._index, self._end_s)
+        return self.result
+
+
+def _copies(group: tuple[int, ...], devices: int) -> list[tuple[int, ...]]:
+    """The groups that run the same collective at the same time: ``group`` shifted over the
+    ranks (a tensor-parallel group 0-3 of 8 cards has the copy 4-7; a data-parallel group
+    0, 4 has 1, 5 and 2, 6 and 3, 7), as long as the copies stay disjoint."""
+    copies, covered = [], set()
+    for offset in range(devices):
+        shifted = tuple(r + offset for r in group)
+        if max(shifted) < devices and covered.isdisjoint(shifted):
+            copies.append(shifted)
+            covered.update(shifted)
+    return copies
 
 
 class _StepMemoryTally:
@@ -231,6 +286,12 @@ class NPU:
         op_time_scale: fault injection for testing gates: multiply the duration of the named
             op types (e.g. ``{"FlashAttention": 1.05}``). Factors must be positive.
         collection: ``"offline"`` or ``"online"``, see :mod:`simulator.callbacks`.
+        slow_ranks: stragglers, ``{rank: factor}``: that rank's compute takes ``factor`` times
+            as long (>= 1); every rank of a collective waits for the slowest member, so rank 0
+            (the simulated one) sees the wait in its collectives (``attrs["wait_time_s"]``).
+        degraded_links: ``{(rank_a, rank_b): frac}``: the link between two cards works at
+            ``frac`` (0 < frac <= 1) of its bandwidth; a collective over a group holding both
+            is bounded by it (``attrs["link_bandwidth_frac"]``).
     """
 
     def __init__(
@@ -241,6 +302,8 @@ class NPU:
         allocator: AllocatorConfig | str | None = None,
         memory: bool = False,
         collection: str = "offline",
+        slow_ranks: dict[int, float] | None = None,
+        degraded_links: dict[tuple[int, int], float] | None = None,
     ) -> None:
         self.collection = _callbacks.check_collection(collection)
         if not isinstance(devices, int) or devices < 1:
@@ -268,6 +331,13 @@ class NPU:
         self._finalizers: dict[int, weakref.finalize] = {}
         self._memory_events: list[MemoryRecord] = []
         self._delivered = 0  # online collection: records handed to the callbacks so far
+        self._hccl_clock_s = 0.0  # the HCCL stream: collectives run in order, beside compute
+        self._last_hccl: int | None = None  # index of the last collective's record
+        self._pending_wait: int | None = None  # a Work.wait() the next compute op records
+        self._slow = self._check_slow_ranks(slow_ranks or {})
+        self._links = self._check_links(degraded_links or {})
+        # Straggler model: each rank's lag behind rank 0, in seconds (only with slow ranks or links).
+        self._lag: list[float] | None = [0.0] * devices if (self._slow or self._links) else None
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -311,7 +381,8 @@ class NPU:
         stall = event.latency_s if device_visible else 0.0
         if not device_visible:
             pass  # a cache hit: host bookkeeping, hidden behind the device's queue
-        elif charge_last and self._records and self._records[-1].step == self._step:
+        elif (charge_last and self._records and self._records[-1].step == self._step
+              and self._records[-1].stream == "compute"):
             record = self._records[-1]
             self._records[-1] = record.model_copy(update={
                 "duration_s": record.duration_s + stall,
@@ -357,29 +428,129 @@ class NPU:
         name: str | None,
         attrs: dict[str, object] | None = None,
         stream: str = "compute",
+        async_op: bool = False,
     ) -> OpCost:
-        attr_items = tuple(sorted((attrs or {}).items()))
+        attrs = dict(attrs or {})
+        wait_s = 0.0
+        if stream == "hccl":
+            group = attrs["ranks"]
+            if self._links:
+                frac = self._slow_copies(op_type, inputs, dtype, attrs, group)
+                if frac < 1.0:
+                    attrs["link_bandwidth_frac"] = frac
+            if async_op:
+                attrs["async_op"] = True
+        elif self._pending_wait is not None:
+            attrs["wait_hccl_op"] = self._pending_wait  # this op started after a Work.wait()
+            self._pending_wait = None
+        attr_items = tuple(sorted(attrs.items()))
         spec = OpSpec(op_type, tuple(t.shape for t in inputs), dtype, attr_items)
         cost = self._cost_cache.get(spec)
         if cost is None:
             cost = op_cost(spec, self.hardware)
             self._cost_cache[spec] = cost
+        if stream == "hccl":
+            start_s = max(self._clock_s, self._hccl_clock_s)
+            if self._lag is not None:
+                wait_s = self._collective_wait(attrs["ranks"])
+        else:
+            start_s = self._clock_s
         record = _make_record(
-            self.hardware, spec, cost, name=name or op_type, step=self._step, stream=stream, start_s=self._clock_s,
+            self.hardware, spec, cost, name=name or op_type, step=self._step, stream=stream, start_s=start_s,
             scale=self._scale.get(op_type, 1.0), stall_s=self._pending_stall_s, alloc_count=self._pending_allocs,
             alloc_retries=self._pending_retries, device_frees=self._pending_device_frees,
-            device_mallocs=self._pending_device_mallocs, source=_call_site(),
+            device_mallocs=self._pending_device_mallocs, source=_call_site(), wait_s=wait_s,
         )
         self._pending_stall_s = 0.0
         self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
-        duration_s = record.duration_s
         if self.collection == "online":
             self._deliver_final()  # the previous op can no longer change
         self._records.append(record)
-        self._clock_s += duration_s
+        end_s = start_s + record.duration_s
+        if stream == "hccl":
+            self._hccl_clock_s = end_s
+            self._last_hccl = len(self._records) - 1
+            if not async_op:
+                self._clock_s = end_s  # a blocking collective: compute waits for it
+        else:
+            self._clock_s = end_s
+            if self._lag is not None:
+                for rank, factor in self._slow.items():
+                    self._lag[rank] += (factor - 1.0) * (record.duration_s - record.alloc_stall_s)
         if self.collection == "online":
             self._clock_s += self.hardware.profiler.online_callback_overhead_s
         return cost
+
+    # -- streams and stragglers ------------------------------------------------------------------
+
+    def _wait_for(self, index: int, end_s: float) -> None:
+        self._clock_s = max(self._clock_s, end_s)
+        self._pending_wait = index if self._pending_wait is None else max(self._pending_wait, index)
+
+    def synchronize(self) -> None:
+        """Block the compute stream until every collective issued so far is done."""
+        if self._last_hccl is not None:
+            self._wait_for(self._last_hccl, self._hccl_clock_s)
+
+    def _check_slow_ranks(self, slow: dict[int, float]) -> dict[int, float]:
+        for rank, factor in slow.items():
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.devices:
+                raise ValueError(f"slow_ranks: rank {rank!r} is not a rank of the {self.devices}-card job")
+            if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 1):
+                raise ValueError(f"slow_ranks[{rank}] must be a factor >= 1 (how many times slower), got {factor!r}")
+        return {r: float(f) for r, f in slow.items() if f > 1}
+
+    def _check_links(self, links: dict[tuple[int, int], float]) -> dict[frozenset[int], float]:
+        checked = {}
+        for pair, frac in links.items():
+            if (not isinstance(pair, tuple) or len(pair) != 2 or pair[0] == pair[1]
+                    or any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.devices for r in pair)):
+                raise ValueError(f"degraded_links: {pair!r} is not a pair of two ranks of the {self.devices}-card job")
+            if not (isinstance(frac, (int, float)) and math.isfinite(frac) and 0 < frac <= 1):
+                raise ValueError(f"degraded_links[{pair}] must be a bandwidth fraction in (0, 1], got {frac!r}")
+            checked[frozenset(pair)] = float(frac)
+        return checked
+
+    def _slow_copies(self, op_type: str, inputs: Sequence[Tensor], dtype: str, attrs: dict[str, object],
+                     group: tuple[int, ...]) -> float:
+        """Degraded links: the bandwidth fraction of rank 0's copy of the collective; the other
+        copies that run over a degraded link finish later, and their ranks fall behind by the
+        difference (rank 0 waits for them at the next collective they share)."""
+        def frac_of(copy: tuple[int, ...]) -> float:
+            members = set(copy)
+            return min((f for pair, f in self._links.items() if pair <= members), default=1.0)
+
+        own = 1.0
+        shapes = tuple(t.shape for t in inputs)
+        base_s = None
+        for copy in _copies(group, self.devices):
+            frac = frac_of(copy)
+            if 0 in copy:
+                own = frac
+            elif frac < 1.0:
+                if base_s is None:
+                    base_s = op_cost(OpSpec(op_type, shapes, dtype, tuple(sorted(attrs.items()))), self.hardware).duration_s
+                slow = {**attrs, "link_bandwidth_frac": frac}
+                extra_s = op_cost(OpSpec(op_type, shapes, dtype, tuple(sorted(slow.items()))), self.hardware).duration_s
+                for r in copy:
+                    self._lag[r] += extra_s - base_s
+        return own
+
+    def _collective_wait(self, group: tuple[int, ...]) -> float:
+        """Straggler model: every copy of the collective starts when its slowest member gets
+        there; returns how long rank 0 waits, and re-bases every rank's lag on rank 0."""
+        lag = self._lag
+        wait_s = 0.0
+        for copy in _copies(group, self.devices):
+            latest = max(lag[r] for r in copy)
+            for r in copy:
+                lag[r] = latest
+            if 0 in copy:
+                wait_s = max(0.0, latest)
+        if wait_s:
+            for r in range(self.devices):
+                lag[r] -= wait_s
+        return wait_s
 
     def _deliver_final(self) -> None:
         """Online collection: hand every finished op record to the callbacks."""
@@ -772,21 +943,36 @@ class NPU:
             raise ValueError(f"{op}: ranks {list(group)} must include the simulated rank {self.rank}")
         return group
 
-    def all_reduce(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
-        """Sum ``x`` over the ranks (op type ``AllReduce``); default group: every card."""
+    def _collective(self, op_type: str, costed: Tensor, out_shape: tuple[int, ...], dtype: str, group: tuple[int, ...],
+                    name: str | None, async_op: bool) -> Tensor | Work:
+        self._emit(op_type, (costed,), dtype, name, {"ranks": group}, stream="hccl", async_op=async_op)
+        index, end_s = len(self._records) - 1, self._hccl_clock_s
+        out = self._out(out_shape, dtype)
+        return Work(self, index, end_s, out) if async_op else out
+
+    def all_reduce(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None,
+                   async_op: bool = False) -> Tensor | Work:
+        """Sum ``x`` over the ranks (op type ``AllReduce``); default group: every card.
+
+        Collectives run on the HCCL stream. A blocking one (the default) holds the compute
+        stream until it is done; with ``async_op=True`` compute goes on and the call returns a
+        :class:`Work` to ``wait()`` on (as ``torch.distributed`` does).
+        """
         group = self._group("AllReduce", ranks, x)
-        self._emit("AllReduce", (x,), x.dtype, name, {"ranks": group}, stream="hccl")
-        return self._out(x.shape, x.dtype)
+        return self._collective("AllReduce", x, x.shape, x.dtype, group, name, async_op)
 
-    def all_gather(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
-        """Concatenate each rank's ``x`` along axis 0 (op type ``AllGather``)."""
+    def all_gather(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None,
+                   async_op: bool = False) -> Tensor | Work:
+        """Concatenate each rank's ``x`` along axis 0 (op type ``AllGather``); ``async_op`` as
+        in :meth:`all_reduce`."""
         group = self._group("AllGather", ranks, x)
-        out = Tensor((x.shape[0] * len(group), *x.shape[1:]), x.dtype)
-        self._emit("AllGather", (out,), x.dtype, name, {"ranks": group}, stream="hccl")
-        return self._allocate(out)
+        out_shape = (x.shape[0] * len(group), *x.shape[1:])
+        return self._collective("AllGather", Tensor(out_shape, x.dtype), out_shape, x.dtype, group, name, async_op)
 
-    def reduce_scatter(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None) -> Tensor:
-        """Sum ``x`` over the ranks and keep this rank's 1/p slice of axis 0 (``ReduceScatter``).
+    def reduce_scatter(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None,
+                       async_op: bool = False) -> Tensor | Work:
+        """Sum ``x`` over the ranks and keep this rank's 1/p slice of axis 0 (``ReduceScatter``);
+        ``async_op`` as in :meth:`all_reduce`.
 
         Raises:
             ShapeError: axis 0 is not divisible by the group size.
@@ -794,8 +980,8 @@ class NPU:
         group = self._group("ReduceScatter", ranks, x)
         if x.shape[0] % len(group):
             raise ShapeError(f"ReduceScatter: axis 0 of {list(x.shape)} is not divisible by {len(group)} ranks")
-        self._emit("ReduceScatter", (x,), x.dtype, name, {"ranks": group}, stream="hccl")
-        return self._out((x.shape[0] // len(group), *x.shape[1:]), x.dtype)
+        return self._collective("ReduceScatter", x, (x.shape[0] // len(group), *x.shape[1:]), x.dtype, group, name,
+                                async_op)
 
     # -- profile -------------------------------------------------------------------------------
 
@@ -820,6 +1006,9 @@ class NPU:
     def _next_step(self) -> None:
         self._close_step()
         self._step += 1
+        # a training step ends synchronised (the optimizer and the loss read finished tensors)
+        self._clock_s = max(self._clock_s, self._hccl_clock_s)
+        self._pending_wait = None
 
     def profile(self, steps: int) -> Profile:
         if len(self._memory_steps) < steps:
@@ -855,6 +1044,8 @@ def run(
     allocator: AllocatorConfig | str | None = None,
     memory: bool = False,
     collection: str = "offline",
+    slow_ranks: dict[int, float] | None = None,
+    degraded_links: dict[tuple[int, int], float] | None = None,
     **kwargs,
 ) -> Profile:
     """Run ``workload(npu, *args, **kwargs)`` ``steps`` times on a simulated card.
@@ -877,6 +1068,7 @@ def run(
             :func:`simulator.callbacks.register_op_callback`: ``"offline"`` (after the run, no
             overhead) or ``"online"`` (during the run, charging the hardware's
             ``profiler.online_callback_overhead_s`` per op to the timeline).
+        slow_ranks, degraded_links: stragglers and slow links, see :class:`NPU`.
 
     Returns:
         The :class:`~simulator.profile.Profile` of the run.
@@ -888,7 +1080,7 @@ def run(
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     spec = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
-    npu = NPU(spec, devices, op_time_scale, allocator, memory, collection)
+    npu = NPU(spec, devices, op_time_scale, allocator, memory, collection, slow_ranks, degraded_links)
     for step in range(steps):
         if step:
             npu._next_step()

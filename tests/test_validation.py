@@ -38,7 +38,7 @@ def test_every_case_names_its_source_and_acceptance() -> None:
         assert case.upper_bound is not None or case.accept_range is not None or (
             case.published and case.tolerance_frac
         ), case.id
-    assert list(KNOWN_GAPS) == ["fa-910b2-s8k"]  # keep in step with the closing notes
+    assert list(KNOWN_GAPS) == ["fa-910b2-s8k", "mfu-llama2-7b-910b-x8"]  # keep in step with the closing notes
 
 
 def test_error_is_against_the_published_figure_even_inside_a_band() -> None:

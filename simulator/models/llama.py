@@ -10,6 +10,13 @@ layer with tensor parallelism ``t`` when FlashAttention removes the ``5 a s / h`
 mixed-precision Adam keeps fp16 weights and gradients plus fp32 master weights, momentum and
 variance (12 bytes per parameter), sharded over data parallelism with ZeRO stage 1
 (Rajbhandari et al., SC 2020).
+
+Gradient reduction over data parallelism overlaps backward as in Megatron-Core's
+``DistributedDataParallel`` with ``overlap_grad_reduce``: gradients fill buckets of
+``max(40_000_000, 1_000_000 * dp)`` parameters (Megatron-Core's default ``bucket_size``,
+``megatron/core/distributed/distributed_data_parallel_config.py``) in backward order, and each
+full bucket is reduce-scattered (ZeRO-1) or all-reduced asynchronously on the HCCL stream
+while backward goes on; the optimizer waits for them.
 """
 
 from __future__ import annotations
@@ -120,11 +127,16 @@ def training_step(
     pipeline_stages: int = 2,
     fusion: bool = True,
     dtype: str = "fp16",
+    overlap_grad_reduce: bool = True,
+    grad_bucket_params: int | None = None,
 ) -> None:
     """One training step (forward, backward, AdamW) of ``config`` on rank 0 of ``npu.devices``.
 
     ``batch_size`` is the micro-batch per data-parallel replica; ``seq_len`` tokens per sample.
-    FlashAttention options pass through to every attention layer.
+    FlashAttention options pass through to every attention layer. With data parallelism,
+    ``overlap_grad_reduce`` reduces gradients in buckets of ``grad_bucket_params`` parameters
+    (default: Megatron-Core's ``max(40M, 1M x dp)``) on the HCCL stream during backward;
+    without it, one blocking collective after backward reduces them all.
 
     Raises:
         ValueError: the layout does not match ``npu.devices``, does not divide the heads, or the
@@ -150,6 +162,12 @@ def training_step(
         )
     npu.set_tokens_per_step(batch_size * seq_len * layout.data_parallel)
     tp_ranks = layout.tp_ranks()
+    dp = layout.data_parallel
+    if grad_bucket_params is None:
+        grad_bucket_params = max(40_000_000, 1_000_000 * dp)
+    if not isinstance(grad_bucket_params, int) or grad_bucket_params < 1:
+        raise ValueError(f"grad_bucket_params must be a positive integer, got {grad_bucket_params!r}")
+    grads = _GradReducer(npu, layout, dtype, grad_bucket_params if overlap_grad_reduce else None)
 
     h, d = config.hidden_size, config.head_dim
     heads, kv_heads = config.num_heads // t, config.num_kv_heads // t
@@ -206,6 +224,7 @@ def training_step(
     dlogits = npu.cross_entropy_grad(logits, name="loss.grad")
     npu.matmul(dlogits, w(h, vocab), transpose_b=True, name="lm_head.grad_input")
     npu.matmul(x, dlogits, transpose_a=True, name="lm_head.grad_weight")
+    grads.add(h * vocab + h, "lm_head")  # LM head and final norm
     if tp_reduce:
         npu.all_reduce(x, ranks=tp_ranks, name="lm_head.grad_input.tp_allreduce")
     npu.rms_norm_grad(x, x, norm_w, name="final_norm.grad")
@@ -235,17 +254,59 @@ def training_step(
             npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.grad_tp_allreduce")
         npu.rms_norm_grad(x, x, norm_w, name=f"{p}.input_layernorm.grad")
         npu.add(x, x, name=f"{p}.attn.residual.grad")
+        grads.add(h * qkv_width + heads * d * h + 3 * h * ffn + 2 * h, p)
     npu.embedding_grad(x, ids, table, name="embed_tokens.grad")
+    grads.add(vocab * h, "embed_tokens")
 
-    # ---- optimizer: ZeRO-1 over data parallelism
-    params_local = config.param_count // t
-    dp = layout.data_parallel
+    # ---- optimizer: ZeRO-1 over data parallelism, once every gradient bucket is reduced
+    grads.finish()
+    params_local = grads.total_params
     if dp > 1 and layout.zero_stage >= 1:
         padded = -(-params_local // dp) * dp
-        npu.reduce_scatter(Tensor((padded,), dtype), ranks=layout.dp_ranks(), name="grads.dp_reduce_scatter")
         npu.adamw(padded // dp, name="optimizer.adamw")
         npu.all_gather(Tensor((padded // dp,), dtype), ranks=layout.dp_ranks(), name="params.dp_all_gather")
     else:
-        if dp > 1:
-            npu.all_reduce(Tensor((params_local,), dtype), ranks=layout.dp_ranks(), name="grads.dp_allreduce")
         npu.adamw(params_local, name="optimizer.adamw")
+
+
+class _GradReducer:
+    """Data-parallel gradient reduction in buckets (see the module docstring)."""
+
+    def __init__(self, npu: NPU, layout: ParallelLayout, dtype: str, bucket_params: int | None) -> None:
+        self.npu, self.layout, self.dtype, self.bucket_params = npu, layout, dtype, bucket_params
+        self.pending = 0
+        self.total_params = 0
+        self.works: list = []
+        self.names: list[str] = []
+
+    def add(self, params: int, name: str) -> None:
+        """Gradients of ``params`` local parameters are ready (backward order)."""
+        self.pending += params
+        self.total_params += params
+        self.names.append(name)
+        if self.bucket_params is not None and self.pending >= self.bucket_params:
+            self._reduce(async_op=True)
+
+    def _reduce(self, async_op: bool) -> None:
+        dp = self.layout.data_parallel
+        if dp == 1 or not self.pending:
+            self.pending, self.names = 0, []
+            return
+        label = self.names[0] if len(self.names) == 1 else f"{self.names[0]}..{self.names[-1]}"
+        padded = -(-self.pending // dp) * dp
+        bucket = Tensor((padded,), self.dtype)
+        if self.layout.zero_stage >= 1:
+            work = self.npu.reduce_scatter(bucket, ranks=self.layout.dp_ranks(), async_op=async_op,
+                                           name=f"grads.dp_reduce_scatter[{label}]")
+        else:
+            work = self.npu.all_reduce(bucket, ranks=self.layout.dp_ranks(), async_op=async_op,
+                                       name=f"grads.dp_allreduce[{label}]")
+        if async_op:
+            self.works.append(work)
+        self.pending, self.names = 0, []
+
+    def finish(self) -> None:
+        """Reduce what is left, then wait for every bucket (the optimizer needs them all)."""
+        self._reduce(async_op=False)
+        for work in self.works:
+            work.wait()
