@@ -307,18 +307,21 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
 
 @rule("comm-share", "Communication not overlapped with compute", share_frac=0.2, small_message_bytes=1 << 20)
 def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
-    """Collectives whose exposed time (on the HCCL stream while no compute op runs) takes more
-    than ``share_frac`` of the step, with their overlap, algorithm and bus bandwidth, and how
-    many messages are small (below ``small_message_bytes``)."""
+    """Collectives whose exposed time (on the HCCL stream while no compute op runs, not counting
+    waits for other ranks) takes more than ``share_frac`` of the step, with their overlap,
+    algorithm and bus bandwidth, and how many messages are small (below ``small_message_bytes``)."""
     step = ctx.profile.steps - 1
     comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.comm is not None]
     total_s, exposed_s = ctx.profile.comm_time_s(step)
+    # time spent waiting for other ranks is exposed too, but belongs to comm-wait / pipeline-bubble
+    waited_s = sum(float(op.attrs.get("wait_time_s", 0.0)) for op in comm)
+    total_s, exposed_s = total_s - waited_s, max(0.0, exposed_s - waited_s)
     step_s = ctx.profile.step_times_s[step] if ctx.profile.steps else 0.0
-    if not comm or step_s <= 0 or exposed_s / step_s < ctx.thresholds["share_frac"]:
+    if not comm or step_s <= 0 or total_s <= 0 or exposed_s / step_s < ctx.thresholds["share_frac"]:
         return
     by_type: dict[str, float] = defaultdict(float)
     for o in comm:
-        by_type[o.op_type] += o.duration_s
+        by_type[o.op_type] += o.duration_s - float(o.attrs.get("wait_time_s", 0.0))
     op = max(comm, key=lambda o: o.duration_s)
     small = sum(1 for o in comm if o.comm.bytes < ctx.thresholds["small_message_bytes"])
     parts = ", ".join(f"{t} {d * 1e3:.2f} ms" for t, d in sorted(by_type.items(), key=lambda kv: -kv[1]))
@@ -336,12 +339,37 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
         yield found
 
 
+_P2P_TYPES = ("Send", "Receive")
+
+
+@rule("pipeline-bubble", "Pipeline stages idle waiting for each other", share_frac=0.1)
+def pipeline_bubble(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Point-to-point receives that waited (the 1F1B pipeline bubble: a stage waiting for the
+    activations or gradients of its neighbours) for more than ``share_frac`` of the step."""
+    waits = [op for op in ctx.step0_ops() if op.op_type in _P2P_TYPES and op.attrs.get("wait_time_s")]
+    step_s = ctx.profile.step_times_s[-1] if ctx.profile.steps else 0.0
+    wait_s = sum(float(op.attrs["wait_time_s"]) for op in waits)
+    if not waits or step_s <= 0 or wait_s / step_s < ctx.thresholds["share_frac"]:
+        return
+    op = max(waits, key=lambda o: float(o.attrs["wait_time_s"]))
+    found = _finding(
+        ctx, "pipeline-bubble", op, wait_s,
+        f"{len(waits)} receives waited {wait_s * 1e3:.2f} ms per step ({wait_s / step_s * 100:.1f}% of the step) "
+        f"for neighbouring pipeline stages; the longest, {float(op.attrs['wait_time_s']) * 1e3:.2f} ms, in {op.name}",
+        "more micro-batches per step (1F1B idles (pp - 1) / (m + pp - 1) of the step), an interleaved "
+        "(virtual pipeline) schedule, or fewer pipeline stages",
+    )
+    if found:
+        yield found
+
+
 @rule("comm-wait", "Collectives waiting for a slower rank", share_frac=0.03)
 def comm_wait(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Collectives that waited for other ranks to arrive (``attrs["wait_time_s"]``: simulated
     stragglers, or a real profile's communication.json Wait Time) for more than ``share_frac``
     of the step: one rank (or the link to it) is slower than the others."""
-    comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.attrs.get("wait_time_s")]
+    comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.attrs.get("wait_time_s")
+            and op.op_type not in _P2P_TYPES]  # a Receive's wait is the pipeline bubble (its own rule)
     step_s = ctx.profile.step_times_s[-1] if ctx.profile.steps else 0.0
     wait_s = sum(float(op.attrs["wait_time_s"]) for op in comm)
     if not comm or step_s <= 0 or wait_s / step_s < ctx.thresholds["share_frac"]:

@@ -699,6 +699,32 @@ def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     )
 
 
+def p2p_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """A point-to-point transfer (``Send`` / ``Receive``, HCCL's HcclSend / HcclRecv) of
+    ``spec.shapes[0]`` between rank 0 and attribute ``peer``, over the link between them: HCCS
+    inside one HCCS group, PCIe between the groups of a server, RoCE between servers (alpha-beta
+    form, the link's efficiency applied, ``link_bandwidth_frac`` as in :func:`collective_cost`).
+    """
+    peer: int = spec.attr("peer")
+    rank: int = spec.attr("rank", 0)
+    ic = hw.interconnect
+    eff = ic.link_efficiency_frac * spec.attr("link_bandwidth_frac", 1.0)
+    nbytes = _numel(spec.shapes[0]) * DTYPE_BYTES[spec.dtype]
+    if rank // ic.cards_per_server != peer // ic.cards_per_server:
+        algorithm, bw, latency_s = "p2p-roce", ic.roce_bandwidth_bytes_per_s, ic.roce_latency_s
+    elif rank // ic.hccs_group_size != peer // ic.hccs_group_size:
+        algorithm, bw, latency_s = "p2p-pcie", ic.pcie_bandwidth_bytes_per_s, ic.pcie_latency_s
+    else:
+        algorithm, bw, latency_s = "p2p-hccs", ic.hccs_link_bandwidth_bytes_per_s, ic.hccs_link_latency_s
+    duration_s = hw.launch.kernel_launch_latency_s + latency_s + nbytes / (bw * eff)
+    rate = nbytes / duration_s
+    return OpCost(
+        duration_s=duration_s, flop=0.0, hbm_bytes=float(nbytes), l2_bytes=0.0, block_dim=0, dma_count=1,
+        ai_core_util_frac=0.0, mac_ratio=0.0, vec_ratio=0.0, mte2_ratio=0.0,
+        comm=CommCost(int(nbytes), algorithm, 2, rate, rate),
+    )
+
+
 CostModel = Callable[[OpSpec, HardwareSpec], OpCost]
 
 #: One registry keyed by op type.
@@ -715,6 +741,8 @@ COST_MODELS: dict[str, CostModel] = {
     "AllReduce": collective_cost,
     "AllGather": collective_cost,
     "ReduceScatter": collective_cost,
+    "Send": p2p_cost,
+    "Receive": p2p_cost,
     **{op_type: vector_cost for op_type in VECTOR_PROFILES},
 }
 

@@ -333,6 +333,7 @@ class NPU:
         self._delivered = 0  # online collection: records handed to the callbacks so far
         self._hccl_clock_s = 0.0  # the HCCL stream: collectives run in order, beside compute
         self._last_hccl: int | None = None  # index of the last collective's record
+        self._recv_ready_s: float | None = None  # the peer's send time of the Receive being issued
         self._pending_wait: int | None = None  # a Work.wait() the next compute op records
         self._slow = self._check_slow_ranks(slow_ranks or {})
         self._links = self._check_links(degraded_links or {})
@@ -453,6 +454,8 @@ class NPU:
             start_s = max(self._clock_s, self._hccl_clock_s)
             if self._lag is not None:
                 wait_s = self._collective_wait(attrs["ranks"])
+            if self._recv_ready_s is not None:
+                wait_s = max(wait_s, self._recv_ready_s - start_s)
         else:
             start_s = self._clock_s
         record = _make_record(
@@ -982,6 +985,39 @@ class NPU:
             raise ShapeError(f"ReduceScatter: axis 0 of {list(x.shape)} is not divisible by {len(group)} ranks")
         return self._collective("ReduceScatter", x, (x.shape[0] // len(group), *x.shape[1:]), x.dtype, group, name,
                                 async_op)
+
+    def _peer(self, op: str, peer: object, x: object) -> int:
+        _check_tensors(op, x=x)
+        if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.devices or peer == self.rank:
+            raise ValueError(f"{op}: peer {peer!r} must be another rank of the {self.devices}-card job")
+        return peer
+
+    def send(self, x: Tensor, dst: int, *, name: str | None = None) -> None:
+        """Send ``x`` to rank ``dst`` (op type ``Send``, on the HCCL stream, blocking)."""
+        peer = self._peer("Send", dst, x)
+        self._emit("Send", (x,), x.dtype, name, {"ranks": (self.rank, peer), "peer": peer}, stream="hccl")
+
+    def recv(self, x: Tensor, src: int, *, ready_s: float | None = None, name: str | None = None) -> Tensor:
+        """Receive a tensor shaped like ``x`` from rank ``src`` (op type ``Receive``, blocking).
+
+        ``ready_s``: when the peer sends it, on this device's clock (:attr:`clock_s`); a
+        receive posted earlier waits (``attrs["wait_time_s"]``), e.g. for the stages after it
+        in a pipeline.
+        """
+        peer = self._peer("Receive", src, x)
+        if ready_s is not None and not (isinstance(ready_s, (int, float)) and math.isfinite(ready_s)):
+            raise ValueError(f"Receive: ready_s must be a finite time in seconds, got {ready_s!r}")
+        self._recv_ready_s = ready_s
+        try:
+            self._emit("Receive", (x,), x.dtype, name, {"ranks": (self.rank, peer), "peer": peer}, stream="hccl")
+        finally:
+            self._recv_ready_s = None
+        return self._out(x.shape, x.dtype)
+
+    @property
+    def clock_s(self) -> float:
+        """The compute stream's clock: when the next compute op can start, in seconds."""
+        return self._clock_s
 
     # -- profile -------------------------------------------------------------------------------
 

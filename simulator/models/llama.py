@@ -61,34 +61,43 @@ LLAMA2_70B = LlamaConfig("llama-2-70b", 8192, 28672, 64, 8, 80, 32000)
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """Megatron-style layout: ``tensor_parallel`` x ``data_parallel`` cards.
+    """Megatron-style layout: ``tensor_parallel`` x ``data_parallel`` x ``pipeline_parallel`` cards.
 
-    Tensor-parallel groups are consecutive ranks (inside one HCCS group when they fit); data
-    parallel groups take every ``tensor_parallel``-th rank. ``zero_stage`` 1 shards the
-    optimizer state over data parallelism.
+    Ranks are ordered as Megatron's default ``tp-dp-pp``: tensor-parallel groups are
+    consecutive ranks (inside one HCCS group when they fit), data-parallel groups take every
+    ``tensor_parallel``-th rank within a pipeline stage, and stage ``k`` starts at rank
+    ``k * tensor_parallel * data_parallel``. ``zero_stage`` 1 shards the optimizer state over
+    data parallelism. ``micro_batches`` per step run in the 1F1B pipeline schedule (Narayanan
+    et al., SC 2021), or one after the other with gradient accumulation without pipelining.
     """
 
     tensor_parallel: int = 1
     data_parallel: int = 1
     zero_stage: int = 1
+    pipeline_parallel: int = 1
+    micro_batches: int = 1
 
     def __post_init__(self) -> None:
-        for field_name in ("tensor_parallel", "data_parallel"):
+        for field_name in ("tensor_parallel", "data_parallel", "pipeline_parallel", "micro_batches"):
             value = getattr(self, field_name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ParallelLayout.{field_name} must be a positive integer, got {value!r}")
         if self.zero_stage not in (0, 1):
             raise ValueError(f"ParallelLayout.zero_stage must be 0 or 1, got {self.zero_stage!r}")
 
     @property
     def devices(self) -> int:
-        return self.tensor_parallel * self.data_parallel
+        return self.tensor_parallel * self.data_parallel * self.pipeline_parallel
 
     def tp_ranks(self) -> tuple[int, ...]:
         return tuple(range(self.tensor_parallel))
 
     def dp_ranks(self) -> tuple[int, ...]:
-        return tuple(range(0, self.devices, self.tensor_parallel))
+        return tuple(range(0, self.tensor_parallel * self.data_parallel, self.tensor_parallel))
+
+    def next_stage_rank(self) -> int:
+        """Rank 0's peer in pipeline stage 1."""
+        return self.tensor_parallel * self.data_parallel
 
     @classmethod
     def default_for(cls, config: LlamaConfig, devices: int, hccs_group_size: int) -> ParallelLayout:
@@ -104,15 +113,21 @@ class ParallelLayout:
 
 
 def memory_per_card_bytes(config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int) -> int:
-    """Estimated HBM bytes one card needs for a training step (see the module docstring)."""
-    t, dp = layout.tensor_parallel, layout.data_parallel
-    params = config.param_count / t
+    """Estimated HBM bytes one card of pipeline stage 0 needs for a training step (see the
+    module docstring): its 1/pp of the layers, and in 1F1B the activations of up to ``pp``
+    micro-batches in flight."""
+    t, dp, pp = layout.tensor_parallel, layout.data_parallel, layout.pipeline_parallel
+    layers = -(-config.num_layers // pp)
+    h = config.hidden_size
+    per_layer = (config.param_count - 2 * config.vocab_size * h - h) / config.num_layers
+    stage_params = layers * per_layer + (2 * config.vocab_size * h + h if pp == 1 else config.vocab_size * h)
+    params = stage_params / t
     weights_and_grads = params * 2 * DTYPE_BYTES["fp16"]
     shard = dp if layout.zero_stage >= 1 else 1
     optimizer = params * _MASTER_STATE_BYTES_PER_PARAM / shard
-    h = config.hidden_size
-    activations = config.num_layers * seq_len * batch_size * h * (10 + 24 / t)
-    logits = seq_len * batch_size * config.vocab_size / t * (DTYPE_BYTES["fp16"] + DTYPE_BYTES["fp32"])
+    in_flight = min(pp, layout.micro_batches) if pp > 1 else 1
+    activations = layers * seq_len * batch_size * h * (10 + 24 / t) * in_flight
+    logits = seq_len * batch_size * config.vocab_size / t * (DTYPE_BYTES["fp16"] + DTYPE_BYTES["fp32"]) if pp == 1 else 0
     return int(weights_and_grads + optimizer + activations + logits)
 
 
@@ -135,128 +150,57 @@ def training_step(
     ``batch_size`` is the micro-batch per data-parallel replica; ``seq_len`` tokens per sample.
     FlashAttention options pass through to every attention layer. With data parallelism,
     ``overlap_grad_reduce`` reduces gradients in buckets of ``grad_bucket_params`` parameters
-    (default: Megatron-Core's ``max(40M, 1M x dp)``) on the HCCL stream during backward;
-    without it, one blocking collective after backward reduces them all.
+    (default: Megatron-Core's ``max(40M, 1M x dp)``) on the HCCL stream during the last
+    micro-batch's backward; without it, one blocking collective after backward reduces them all.
+
+    With pipeline parallelism rank 0 runs stage 0 (the embedding and the first layers) in the
+    1F1B schedule: ``pp - 1`` warm-up forwards, then one forward and one backward per
+    micro-batch, then the cool-down backwards. Stages are alike (all ranks behave alike), so the
+    gradient of a micro-batch comes back ``(pp - 1)`` stage forwards and backwards after its
+    forward left, plus the activation and gradient transfers; a ``Receive`` posted earlier waits
+    for it (the pipeline bubble, ``attrs["wait_time_s"]``). Stage times are measured by
+    simulating one micro-batch of the stage on a scratch card first.
 
     Raises:
-        ValueError: the layout does not match ``npu.devices``, does not divide the heads, or the
-            step does not fit in one card's HBM (the message gives both sizes).
+        ValueError: the layout does not match ``npu.devices``, does not divide the heads or the
+            layers, or the step does not fit in one card's HBM (the message gives both sizes).
     """
     hw = npu.hardware
     if layout is None:
         layout = ParallelLayout.default_for(config, npu.devices, hw.interconnect.hccs_group_size)
     if layout.devices != npu.devices:
         raise ValueError(
-            f"{config.name}: layout tp={layout.tensor_parallel} x dp={layout.data_parallel} "
-            f"needs {layout.devices} cards, the job has {npu.devices}"
+            f"{config.name}: layout tp={layout.tensor_parallel} x dp={layout.data_parallel} x "
+            f"pp={layout.pipeline_parallel} needs {layout.devices} cards, the job has {npu.devices}"
         )
-    t = layout.tensor_parallel
+    t, pp, micro = layout.tensor_parallel, layout.pipeline_parallel, layout.micro_batches
     if config.num_kv_heads % t or config.ffn_hidden_size % t or config.vocab_size % t:
         raise ValueError(f"{config.name}: tensor_parallel={t} must divide kv heads, FFN size and vocabulary")
+    if config.num_layers % pp:
+        raise ValueError(f"{config.name}: pipeline_parallel={pp} must divide the {config.num_layers} layers")
     need = memory_per_card_bytes(config, layout, batch_size, seq_len)
     if need > hw.memory.hbm_capacity_bytes:
         raise ValueError(
             f"{config.name}: batch_size={batch_size}, seq_len={seq_len} with tp={t}, "
-            f"dp={layout.data_parallel} needs about {need / 2**30:.1f} GiB per card; "
+            f"dp={layout.data_parallel}, pp={pp} needs about {need / 2**30:.1f} GiB per card; "
             f"{hw.name} has {hw.memory.hbm_capacity_bytes / 2**30:.1f} GiB"
         )
-    npu.set_tokens_per_step(batch_size * seq_len * layout.data_parallel)
-    tp_ranks = layout.tp_ranks()
+    npu.set_tokens_per_step(batch_size * seq_len * layout.data_parallel * micro)
     dp = layout.data_parallel
     if grad_bucket_params is None:
         grad_bucket_params = max(40_000_000, 1_000_000 * dp)
     if not isinstance(grad_bucket_params, int) or grad_bucket_params < 1:
         raise ValueError(f"grad_bucket_params must be a positive integer, got {grad_bucket_params!r}")
     grads = _GradReducer(npu, layout, dtype, grad_bucket_params if overlap_grad_reduce else None)
+    model = _Stage(config, layout, batch_size, seq_len, dtype,
+                   {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True})
 
-    h, d = config.hidden_size, config.head_dim
-    heads, kv_heads = config.num_heads // t, config.num_kv_heads // t
-    ffn, vocab = config.ffn_hidden_size // t, config.vocab_size // t
-    tokens = batch_size * seq_len
-    qkv_width = (heads + 2 * kv_heads) * d
-    fa = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True}
-
-    def w(*shape: int) -> Tensor:
-        return Tensor(shape, dtype)
-
-    x = Tensor((tokens, h), dtype)
-    norm_w = w(h)
-    w_qkv, w_o = w(h, qkv_width), w(heads * d, h)
-    w_gate_up, w_down = w(h, 2 * ffn), w(ffn, h)
-    q = Tensor((batch_size, heads, seq_len, d), dtype)
-    kv = Tensor((batch_size, kv_heads, seq_len, d), dtype)
-    table = w(vocab, h)
-    ids = Tensor((tokens,), "int32")
-    tp_reduce = t > 1
-
-    # ---- forward
-    npu.embedding(ids, table, name="embed_tokens")
-    if tp_reduce:
-        npu.all_reduce(x, ranks=tp_ranks, name="embed_tokens.tp_allreduce")
-    for layer in range(config.num_layers):
-        p = f"layers.{layer}"
-        npu.rms_norm(x, norm_w, name=f"{p}.input_layernorm")
-        npu.matmul(x, w_qkv, name=f"{p}.attn.qkv_proj")
-        npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary")
-        npu.flash_attention(q, kv, kv, name=f"{p}.attn.core", **fa)
-        npu.matmul(Tensor((tokens, heads * d), dtype), w_o, name=f"{p}.attn.o_proj")
-        if tp_reduce:
-            npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.tp_allreduce")
-        npu.add(x, x, name=f"{p}.attn.residual")
-        npu.rms_norm(x, norm_w, name=f"{p}.post_attention_layernorm")
-        npu.matmul(x, w_gate_up, name=f"{p}.mlp.gate_up_proj")
-        act = Tensor((tokens, ffn), dtype)
-        npu.silu(act, name=f"{p}.mlp.act")
-        npu.mul(act, act, name=f"{p}.mlp.gate_mul")
-        npu.matmul(act, w_down, name=f"{p}.mlp.down_proj")
-        if tp_reduce:
-            npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.tp_allreduce")
-        npu.add(x, x, name=f"{p}.mlp.residual")
-    npu.rms_norm(x, norm_w, name="final_norm")
-    logits = npu.matmul(x, w(h, vocab), name="lm_head")
-    npu.cross_entropy(logits, name="loss")
-    if tp_reduce:
-        row_stats = Tensor((tokens,), "fp32")
-        npu.all_reduce(row_stats, ranks=tp_ranks, name="loss.tp_allreduce_max")
-        npu.all_reduce(row_stats, ranks=tp_ranks, name="loss.tp_allreduce_sum")
-
-    # ---- backward
-    dlogits = npu.cross_entropy_grad(logits, name="loss.grad")
-    npu.matmul(dlogits, w(h, vocab), transpose_b=True, name="lm_head.grad_input")
-    npu.matmul(x, dlogits, transpose_a=True, name="lm_head.grad_weight")
-    grads.add(h * vocab + h, "lm_head")  # LM head and final norm
-    if tp_reduce:
-        npu.all_reduce(x, ranks=tp_ranks, name="lm_head.grad_input.tp_allreduce")
-    npu.rms_norm_grad(x, x, norm_w, name="final_norm.grad")
-    qkv_grad = Tensor((tokens, qkv_width), dtype)
-    gate_up_grad = Tensor((tokens, 2 * ffn), dtype)
-    attn_out = Tensor((tokens, heads * d), dtype)
-    for layer in reversed(range(config.num_layers)):
-        p = f"layers.{layer}"
-        npu.matmul(x, w_down, transpose_b=True, name=f"{p}.mlp.down_proj.grad_input")
-        npu.matmul(act, x, transpose_a=True, name=f"{p}.mlp.down_proj.grad_weight")
-        npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_gate")
-        npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_up")
-        npu.silu_grad(act, act, name=f"{p}.mlp.act.grad")
-        npu.matmul(gate_up_grad, w_gate_up, transpose_b=True, name=f"{p}.mlp.gate_up_proj.grad_input")
-        npu.matmul(x, gate_up_grad, transpose_a=True, name=f"{p}.mlp.gate_up_proj.grad_weight")
-        if tp_reduce:
-            npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.grad_tp_allreduce")
-        npu.rms_norm_grad(x, x, norm_w, name=f"{p}.post_attention_layernorm.grad")
-        npu.add(x, x, name=f"{p}.mlp.residual.grad")
-        npu.matmul(x, w_o, transpose_b=True, name=f"{p}.attn.o_proj.grad_input")
-        npu.matmul(attn_out, x, transpose_a=True, name=f"{p}.attn.o_proj.grad_weight")
-        npu.flash_attention_grad(q, kv, kv, q, name=f"{p}.attn.core.grad", **fa)
-        npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
-        npu.matmul(qkv_grad, w_qkv, transpose_b=True, name=f"{p}.attn.qkv_proj.grad_input")
-        npu.matmul(x, qkv_grad, transpose_a=True, name=f"{p}.attn.qkv_proj.grad_weight")
-        if tp_reduce:
-            npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.grad_tp_allreduce")
-        npu.rms_norm_grad(x, x, norm_w, name=f"{p}.input_layernorm.grad")
-        npu.add(x, x, name=f"{p}.attn.residual.grad")
-        grads.add(h * qkv_width + heads * d * h + 3 * h * ffn + 2 * h, p)
-    npu.embedding_grad(x, ids, table, name="embed_tokens.grad")
-    grads.add(vocab * h, "embed_tokens")
+    if pp == 1:
+        for mb in range(micro):  # gradient accumulation: gradients are reduced in the last one
+            model.forward(npu)
+            model.backward(npu, grads if mb == micro - 1 else None)
+    else:
+        _one_f_one_b(npu, model, grads, layout)
 
     # ---- optimizer: ZeRO-1 over data parallelism, once every gradient bucket is reduced
     grads.finish()
@@ -267,6 +211,158 @@ def training_step(
         npu.all_gather(Tensor((padded // dp,), dtype), ranks=layout.dp_ranks(), name="params.dp_all_gather")
     else:
         npu.adamw(params_local, name="optimizer.adamw")
+
+
+def _one_f_one_b(npu: NPU, model: _Stage, grads: _GradReducer, layout: ParallelLayout) -> None:
+    """Stage 0 of a ``pp``-stage pipeline in the 1F1B schedule."""
+    from ..runtime import NPU as _NPU
+
+    pp, micro = layout.pipeline_parallel, layout.micro_batches
+    peer = layout.next_stage_rank()
+    scratch = _NPU(npu.hardware, npu.devices)  # one micro-batch of this stage, to time the others
+    model.forward(scratch)
+    forward_s = scratch.clock_s
+    model.backward(scratch, None)
+    backward_s = scratch.clock_s - forward_s
+    hop = _NPU(npu.hardware, npu.devices)
+    hop.send(model.boundary, peer)
+    hop_s = hop.clock_s  # one activation (or gradient) transfer between neighbouring stages
+    round_trip_s = (pp - 1) * (forward_s + backward_s) + 2 * (pp - 1) * hop_s
+    sent_s: list[float] = []
+
+    def forward(mb: int) -> None:
+        model.forward(npu, tag=f"mb{mb}.")
+        npu.send(model.boundary, peer, name=f"mb{mb}.send_activation")
+        sent_s.append(npu.clock_s)
+
+    def backward(mb: int) -> None:
+        npu.recv(model.boundary, peer, ready_s=sent_s[mb] + round_trip_s - hop_s, name=f"mb{mb}.recv_grad")
+        model.backward(npu, grads if mb == micro - 1 else None, tag=f"mb{mb}.")
+
+    warmup = min(pp - 1, micro)
+    for mb in range(warmup):
+        forward(mb)
+    for i in range(micro - warmup):
+        forward(warmup + i)
+        backward(i)
+    for mb in range(micro - warmup, micro):
+        backward(mb)
+
+
+class _Stage:
+    """The layers rank 0 runs: all of them without pipelining, else pipeline stage 0."""
+
+    def __init__(self, config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int, dtype: str,
+                 fa: dict) -> None:
+        t, pp = layout.tensor_parallel, layout.pipeline_parallel
+        self.config, self.dtype, self.fa = config, dtype, fa
+        self.layers = range(config.num_layers // pp)
+        self.has_head = pp == 1
+        self.tp_ranks = layout.tp_ranks()
+        self.tp_reduce = t > 1
+        h, d = config.hidden_size, config.head_dim
+        self.h, self.d = h, d
+        self.heads, self.kv_heads = config.num_heads // t, config.num_kv_heads // t
+        self.ffn, self.vocab = config.ffn_hidden_size // t, config.vocab_size // t
+        self.tokens = batch_size * seq_len
+        self.qkv_width = (self.heads + 2 * self.kv_heads) * d
+        w = self.w
+        self.x = Tensor((self.tokens, h), dtype)
+        self.boundary = self.x  # what crosses to the next stage: the hidden states
+        self.norm_w = w(h)
+        self.w_qkv, self.w_o = w(h, self.qkv_width), w(self.heads * d, h)
+        self.w_gate_up, self.w_down = w(h, 2 * self.ffn), w(self.ffn, h)
+        self.q = Tensor((batch_size, self.heads, seq_len, d), dtype)
+        self.kv = Tensor((batch_size, self.kv_heads, seq_len, d), dtype)
+        self.table = w(self.vocab, h)
+        self.ids = Tensor((self.tokens,), "int32")
+        self.act = Tensor((self.tokens, self.ffn), dtype)
+        self.logits: Tensor | None = None
+
+    def w(self, *shape: int) -> Tensor:
+        return Tensor(shape, self.dtype)
+
+    def forward(self, npu: NPU, tag: str = "") -> None:
+        x, norm_w, tp_ranks, tp_reduce, fa = self.x, self.norm_w, self.tp_ranks, self.tp_reduce, self.fa
+        h, d, heads, kv_heads, tokens, dtype = self.h, self.d, self.heads, self.kv_heads, self.tokens, self.dtype
+        npu.embedding(self.ids, self.table, name=f"{tag}embed_tokens")
+        if tp_reduce:
+            npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}embed_tokens.tp_allreduce")
+        for layer in self.layers:
+            p = f"{tag}layers.{layer}"
+            npu.rms_norm(x, norm_w, name=f"{p}.input_layernorm")
+            npu.matmul(x, self.w_qkv, name=f"{p}.attn.qkv_proj")
+            npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary")
+            npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.attn.core", **fa)
+            npu.matmul(Tensor((tokens, heads * d), dtype), self.w_o, name=f"{p}.attn.o_proj")
+            if tp_reduce:
+                npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.tp_allreduce")
+            npu.add(x, x, name=f"{p}.attn.residual")
+            npu.rms_norm(x, norm_w, name=f"{p}.post_attention_layernorm")
+            npu.matmul(x, self.w_gate_up, name=f"{p}.mlp.gate_up_proj")
+            act = self.act
+            npu.silu(act, name=f"{p}.mlp.act")
+            npu.mul(act, act, name=f"{p}.mlp.gate_mul")
+            npu.matmul(act, self.w_down, name=f"{p}.mlp.down_proj")
+            if tp_reduce:
+                npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.tp_allreduce")
+            npu.add(x, x, name=f"{p}.mlp.residual")
+        if not self.has_head:
+            return
+        npu.rms_norm(x, norm_w, name=f"{tag}final_norm")
+        self.logits = npu.matmul(x, self.w(h, self.vocab), name=f"{tag}lm_head")
+        npu.cross_entropy(self.logits, name=f"{tag}loss")
+        if tp_reduce:
+            row_stats = Tensor((tokens,), "fp32")
+            npu.all_reduce(row_stats, ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_max")
+            npu.all_reduce(row_stats, ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_sum")
+
+    def backward(self, npu: NPU, grads: _GradReducer | None, tag: str = "") -> None:
+        """Backward of one micro-batch; ``grads`` collects the gradients for the data-parallel
+        reduction (the last micro-batch), ``None`` accumulates them locally."""
+        x, norm_w, tp_ranks, tp_reduce, fa = self.x, self.norm_w, self.tp_ranks, self.tp_reduce, self.fa
+        h, d, heads, kv_heads, tokens, dtype = self.h, self.d, self.heads, self.kv_heads, self.tokens, self.dtype
+        ffn, vocab, qkv_width, act = self.ffn, self.vocab, self.qkv_width, self.act
+        if self.has_head:
+            dlogits = npu.cross_entropy_grad(self.logits, name=f"{tag}loss.grad")
+            npu.matmul(dlogits, self.w(h, vocab), transpose_b=True, name=f"{tag}lm_head.grad_input")
+            npu.matmul(x, dlogits, transpose_a=True, name=f"{tag}lm_head.grad_weight")
+            if grads is not None:
+                grads.add(h * vocab + h, "lm_head")  # LM head and final norm
+            if tp_reduce:
+                npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}lm_head.grad_input.tp_allreduce")
+            npu.rms_norm_grad(x, x, norm_w, name=f"{tag}final_norm.grad")
+        qkv_grad = Tensor((tokens, qkv_width), dtype)
+        gate_up_grad = Tensor((tokens, 2 * ffn), dtype)
+        attn_out = Tensor((tokens, heads * d), dtype)
+        for layer in reversed(self.layers):
+            p = f"{tag}layers.{layer}"
+            npu.matmul(x, self.w_down, transpose_b=True, name=f"{p}.mlp.down_proj.grad_input")
+            npu.matmul(act, x, transpose_a=True, name=f"{p}.mlp.down_proj.grad_weight")
+            npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_gate")
+            npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_up")
+            npu.silu_grad(act, act, name=f"{p}.mlp.act.grad")
+            npu.matmul(gate_up_grad, self.w_gate_up, transpose_b=True, name=f"{p}.mlp.gate_up_proj.grad_input")
+            npu.matmul(x, gate_up_grad, transpose_a=True, name=f"{p}.mlp.gate_up_proj.grad_weight")
+            if tp_reduce:
+                npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.grad_tp_allreduce")
+            npu.rms_norm_grad(x, x, norm_w, name=f"{p}.post_attention_layernorm.grad")
+            npu.add(x, x, name=f"{p}.mlp.residual.grad")
+            npu.matmul(x, self.w_o, transpose_b=True, name=f"{p}.attn.o_proj.grad_input")
+            npu.matmul(attn_out, x, transpose_a=True, name=f"{p}.attn.o_proj.grad_weight")
+            npu.flash_attention_grad(self.q, self.kv, self.kv, self.q, name=f"{p}.attn.core.grad", **fa)
+            npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
+            npu.matmul(qkv_grad, self.w_qkv, transpose_b=True, name=f"{p}.attn.qkv_proj.grad_input")
+            npu.matmul(x, qkv_grad, transpose_a=True, name=f"{p}.attn.qkv_proj.grad_weight")
+            if tp_reduce:
+                npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.grad_tp_allreduce")
+            npu.rms_norm_grad(x, x, norm_w, name=f"{p}.input_layernorm.grad")
+            npu.add(x, x, name=f"{p}.attn.residual.grad")
+            if grads is not None:
+                grads.add(h * qkv_width + heads * d * h + 3 * h * ffn + 2 * h, p)
+        npu.embedding_grad(x, self.ids, self.table, name=f"{tag}embed_tokens.grad")
+        if grads is not None:
+            grads.add(vocab * h, "embed_tokens")
 
 
 class _GradReducer:
