@@ -54,7 +54,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=None,
         metavar="PATH",
-        help="Write a report of the gate: PATH.json (machine-readable) or PATH.md (Markdown); repeatable",
+        help="Write a report of the gate: PATH.json (machine-readable), PATH.md (Markdown) or PATH.html "
+             "(a self-contained page with plots; needs matplotlib); repeatable",
     )
     group.addoption(
         "--oam-strict",

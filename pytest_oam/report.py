@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from tabulate import tabulate
 
-from simulator.units import MiB
+from simulator.units import MS_PER_S, US_PER_S, GiB, KiB, MiB
 
 from .baseline import BaselineFile
 from .compare import RunComparison, Verdict
@@ -136,6 +136,24 @@ def fmt_bytes(size: float | None) -> str:
         if size >= scale:
             return f"{size / scale:.2f} {unit}"
     return f"{size:.0f} B"
+
+
+def time_unit(seconds: float) -> tuple[float, str]:
+    """The display unit of :func:`fmt_time` for ``seconds``: (units per second, name), for the
+    axes of a plot whose largest value is ``seconds``."""
+    if seconds >= 1.0:
+        return 1.0, "s"
+    if seconds >= 1e-3:
+        return MS_PER_S, "ms"
+    return US_PER_S, "us"
+
+
+def bytes_unit(size: float) -> tuple[float, str]:
+    """The display unit of :func:`fmt_bytes` for ``size``: (bytes per unit, name)."""
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if size >= scale:
+            return scale, unit
+    return 1, "B"
 
 
 def fmt_frac(frac: float | None, signed: bool = False) -> str:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 OAM_SESSION_KEY = pytest.StashKey["OamSession"]()
 _PROFILER_KEY = pytest.StashKey["OamProfiler"]()
 MARKER_KEYWORDS = ("thresholds", "hardware", "devices")
-REPORT_FORMATS = (".json", ".md")
+REPORT_FORMATS = (".json", ".md", ".html")
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,15 @@ def _check_hardware(name: str, where: str) -> None:
     known = list_hardware()
     if name not in known:
         raise _usage(f"{where}: unknown hardware {name!r}; known: {', '.join(known)}")
+
+
+def _check_matplotlib() -> None:
+    """An HTML report draws its plots with matplotlib: refuse it at start when it is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise _usage("--oam-report: an .html report draws its plots with matplotlib, which is not installed; "
+                     "install it with pip install 'pytest-oam[plot]'")
 
 
 def _parse_entries(entries: list[str], where: str) -> dict[str, float]:
@@ -175,6 +184,8 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
             raise _usage(f"--oam-report: {report} is a folder; give a file path such as oam.json")
         if report.suffix.lower() not in REPORT_FORMATS:
             raise _usage(f"--oam-report: {report} must end in {' or '.join(REPORT_FORMATS)}")
+    if any(r.suffix.lower() == ".html" for r in reports):
+        _check_matplotlib()
     prune = bool(opt.oam_prune)
     if prune and save_dir is None:
         raise _usage("--oam-prune: deletes stale baselines only together with --oam-save-baseline")
@@ -396,6 +407,9 @@ class OamSession:
         self.prune_refused: str | None = None
         self.save_errors: list[str] = []
         self.recorded: list[str] = []
+        #: Per test id, the per-step series of its runs (for an HTML report), sent like the gate.
+        self.series: dict[str, list[dict[str, Any]]] = {}
+        self.wants_series = any(p.suffix.lower() == ".html" for p in settings.report_paths)
 
     # -- collection: validate markers before any test runs --------------------------------------
 
@@ -537,6 +551,10 @@ class OamSession:
             return report
         result["test_passed"] = report.passed
         body_outcome = report.outcome
+        if self.wants_series:
+            from .html_report import series_from_profile
+
+            result["series"] = [series_from_profile(p).model_dump(mode="json") for p in profiler.profiles]
         report.oam_gate = result
         for d in result["report"].get("diagnosis", []):  # JUnit XML <property> entries (read at teardown)
             item.user_properties.append(
@@ -619,6 +637,8 @@ class OamSession:
             self.recorded.append(gate["record"])
         if gate.get("record_error"):
             self.save_errors.append(gate["record_error"])
+        if "series" in gate:
+            self.series[report.nodeid] = gate["series"]
         self.op_types_seen.update(gate.get("op_types", ()))
         baseline = gate.get("baseline")
         if baseline is not None and gate.get("test_passed") and self.settings.save_dir is not None:
@@ -787,5 +807,11 @@ class OamSession:
             tests=tests,
             status_counts=counts,
         )
-        text = markdown_report(report) if path.suffix.lower() == ".md" else dump_report(report)
+        if path.suffix.lower() == ".html":
+            from .html_report import html_report, spike_factor_of
+
+            factor = spike_factor_of(self.settings.rules, self.settings.rule_thresholds)
+            text = html_report(report, self.series, spike_factor=factor)
+        else:
+            text = markdown_report(report) if path.suffix.lower() == ".md" else dump_report(report)
         atomic_write_text(path, text)
