@@ -168,6 +168,13 @@ def test_chrome_trace_of_simulated_and_real_profiles(tmp_path, capsys) -> None:
     assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert counters == {"AI Core pipes", "HBM (caching allocator)"}
+    # one memory counter sample per allocator call, at its time, with the device totals after it
+    memory = [e for e in events if e["name"] == "HBM (caching allocator)"]
+    assert len(memory) == len(profile.memory_events) > 0
+    assert [m["args"]["reserved_bytes"] for m in memory] == [e.reserved_bytes for e in profile.memory_events]
+    assert [m["ts"] for m in memory] == [e.time_s * 1e6 for e in profile.memory_events]
+    comm = [e for e in slices if e["tid"] == 2]
+    assert comm[0]["args"]["ranks"] == list(range(8))
     assert slices[0]["args"]["source"].endswith(f"test_importers.py:{work.__code__.co_firstlineno + 2}")
     # the command writes real profiles too, as JSON any trace viewer reads
     assert main(["trace", str(LEVEL1), "-o", str(tmp_path / "t.json")]) == 0
