@@ -630,7 +630,12 @@ def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
 
     Algorithms: inside one full HCCS mesh, Mesh (every card talks to every other card at
     once); across the HCCS groups of one server, hierarchical (Mesh inside each group, Ring
-    over PCIe between groups); across servers, Ring over RoCE between servers.
+    over PCIe between groups); across servers, recursive halving-doubling over RoCE when the
+    server count is a power of two above 2 (log2(n) latency steps instead of the ring's n - 1,
+    the same bandwidth term; AllToAll keeps the ring's pairwise steps), else Ring, with the
+    Mesh step inside each server first ("hierarchical-") when a server holds several ranks.
+    Bus bandwidth follows nccl-tests: algbw x 2(p-1)/p for AllReduce, x 1 for Broadcast,
+    x (p-1)/p for the others.
 
     Attribute ``link_bandwidth_frac`` (0 < frac <= 1, default 1): a degraded link in the group;
     every algorithm here moves data over all its links in lockstep, so the slowest link sets the
@@ -644,8 +649,10 @@ def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     # a degraded link in the group bounds the whole collective (attribute link_bandwidth_frac)
     eff = ic.link_efficiency_frac * spec.attr("link_bandwidth_frac", 1.0)
     kind = spec.op_type
-    # Number of data passes: AllReduce = ReduceScatter + AllGather.
-    passes = 2 if kind == "AllReduce" else 1
+    # Number of data passes: AllReduce = ReduceScatter + AllGather; Broadcast = Scatter +
+    # AllGather (the large-message form HCCL uses); ReduceScatter, AllGather and AllToAll move
+    # (p-1)/p of the data once.
+    passes = 2 if kind in ("AllReduce", "Broadcast") else 1
     reduces = kind in ("AllReduce", "ReduceScatter")
     if p == 1:
         # A one-rank group moves nothing; the call still pays the launch floor.
@@ -655,11 +662,18 @@ def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     groups = {r // ic.hccs_group_size for r in ranks}
     servers = {r // ic.cards_per_server for r in ranks}
     if len(servers) > 1:
-        algorithm = "ring-roce"
-        comm_s = _ring_time_s(len(servers), nbytes / len(servers), passes, ic.roce_bandwidth_bytes_per_s * eff, ic.roce_latency_s)
-        per_server = p // len(servers)
+        n = len(servers)
+        roce_bw = ic.roce_bandwidth_bytes_per_s * eff
+        if n > 2 and n & (n - 1) == 0 and kind != "AllToAll":
+            # recursive halving-doubling: the ring's bandwidth term in log2(n) steps, not n-1
+            algorithm = "halving-doubling-roce"
+            comm_s = passes * (math.log2(n) * ic.roce_latency_s + (n - 1) / n * nbytes / roce_bw)
+        else:
+            algorithm = "ring-roce"
+            comm_s = _ring_time_s(n, nbytes / n, passes, roce_bw, ic.roce_latency_s)
+        per_server = p // n
         if per_server > 1:
-            algorithm = "hierarchical-roce"
+            algorithm = "hierarchical-" + algorithm
             comm_s += passes * (ic.hccs_link_latency_s + (nbytes / per_server) / (ic.hccs_link_bandwidth_bytes_per_s * eff))
     elif len(groups) == 1:
         algorithm = "mesh"
@@ -683,7 +697,7 @@ def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
         reduce_s = _vector_s((p - 1) / p * _numel(spec.shapes[0]), {"add": 1}, spec.dtype if spec.dtype in hw.vector_unit.ops_per_cycle_per_core else "fp32", hw) / hw.ai_core.vector_core_count
     duration_s = hw.launch.kernel_launch_latency_s + comm_s + reduce_s
     algbw = nbytes / duration_s
-    bus_factor = {"AllReduce": 2 * (p - 1) / p}.get(kind, (p - 1) / p)
+    bus_factor = {"AllReduce": 2 * (p - 1) / p, "Broadcast": 1.0}.get(kind, (p - 1) / p)
     return OpCost(
         duration_s=duration_s,
         flop=float(_numel(spec.shapes[0]) * (p - 1) / p) if reduces else 0.0,
@@ -741,6 +755,8 @@ COST_MODELS: dict[str, CostModel] = {
     "AllReduce": collective_cost,
     "AllGather": collective_cost,
     "ReduceScatter": collective_cost,
+    "Broadcast": collective_cost,
+    "AllToAll": collective_cost,
     "Send": p2p_cost,
     "Receive": p2p_cost,
     **{op_type: vector_cost for op_type in VECTOR_PROFILES},

@@ -986,6 +986,32 @@ class NPU:
         return self._collective("ReduceScatter", x, (x.shape[0] // len(group), *x.shape[1:]), x.dtype, group, name,
                                 async_op)
 
+    def broadcast(self, x: Tensor, *, src: int = 0, ranks: Sequence[int] | None = None, name: str | None = None,
+                  async_op: bool = False) -> Tensor | Work:
+        """Copy rank ``src``'s ``x`` to every rank of the group (op type ``Broadcast``);
+        ``async_op`` as in :meth:`all_reduce`.
+
+        Raises:
+            ValueError: ``src`` is not in the group.
+        """
+        group = self._group("Broadcast", ranks, x)
+        if src not in group:
+            raise ValueError(f"Broadcast: src {src!r} is not in the group {list(group)}")
+        return self._collective("Broadcast", x, x.shape, x.dtype, group, name, async_op)
+
+    def all_to_all(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None,
+                   async_op: bool = False) -> Tensor | Work:
+        """Each rank sends the p-th slice of axis 0 of ``x`` to rank p (op type ``AllToAll``, as
+        expert parallelism does); ``async_op`` as in :meth:`all_reduce`.
+
+        Raises:
+            ShapeError: axis 0 is not divisible by the group size.
+        """
+        group = self._group("AllToAll", ranks, x)
+        if x.shape[0] % len(group):
+            raise ShapeError(f"AllToAll: axis 0 of {list(x.shape)} is not divisible by {len(group)} ranks")
+        return self._collective("AllToAll", x, x.shape, x.dtype, group, name, async_op)
+
     def _peer(self, op: str, peer: object, x: object) -> int:
         _check_tensors(op, x=x)
         if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < self.devices or peer == self.rank:

@@ -32,7 +32,7 @@ def test_1024_card_llama2_70b_step(llama70b_1024) -> None:
     assert bubble_s / profile.step_time_s == pytest.approx(7 / 39, abs=0.03)
     # data parallelism over 16 servers goes over RoCE; tensor parallelism stays in the HCCS mesh
     grads = [op for op in profile.ops if op.name.startswith("grads.")]
-    assert grads and all(op.comm.algorithm == "ring-roce" and len(op.comm.ranks) == 16 for op in grads)
+    assert grads and all(op.comm.algorithm == "halving-doubling-roce" and len(op.comm.ranks) == 16 for op in grads)
     assert {op.comm.algorithm for op in profile.ops if op.name.endswith("tp_allreduce")} == {"mesh"}
     assert {op.comm.algorithm for op in profile.ops_of("Send")} == {"p2p-roce"}  # stage 1 is 128 ranks away
     # model FLOP utilisation of the whole job stays plausible (<= 70%, issue 4's sanity bound)
