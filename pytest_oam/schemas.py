@@ -15,12 +15,14 @@ def schemas() -> dict[str, dict]:
     from simulator.profile import Profile
 
     from .baseline import BaselineFile
+    from .knowledge_base import KnowledgeBaseFile
     from .report import OamReport
 
     return {
         "baseline.v1.schema.json": BaselineFile.model_json_schema(),
         "report.v1.schema.json": OamReport.model_json_schema(),
         "profile.v1.schema.json": Profile.model_json_schema(),
+        "knowledge_base.v1.schema.json": KnowledgeBaseFile.model_json_schema(),
     }
 
 
