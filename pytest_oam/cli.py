@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser(
         "tune", help="run a tuning job file and print the best configurations",
         description="Run the tuning job in JOB (TOML or JSON: workload = \"module:function\", operator, metric, "
-                    "constraint, max_iterations, seed, hardware, [space], [fixed]; see the README) and print the "
-                    "best configurations and the improvement over the default; exit 1 if none is feasible.")
+                    "constraint, max_iterations, seed, hardware, sampler, [space], [fixed]; see the README) and print "
+                    "the best configurations and the improvement over the default; exit 1 if none is feasible. "
+                    "--save records the tuned configuration in a knowledge base file.")
     tune.add_argument("job", type=Path, metavar="JOB")
     tune.add_argument("--top", type=_positive_int, default=5, metavar="N", help="configurations listed (default: 5)")
     tune.add_argument("--save", type=_output_path, metavar="KB.json",
