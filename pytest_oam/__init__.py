@@ -9,9 +9,11 @@ __version__ = "0.1.0"
 
 _API = ("ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models", "load_any")
 _TUNE = ("OptimizationTarget", "ParameterSpace", "auto_tune")
-__all__ = [  # noqa: RUF022 - the API first, then tuning
+_KNOWLEDGE_BASE = ("KnowledgeBase", "KnowledgeBaseError", "TunedGateFailure", "assert_near_tuned")
+__all__ = [  # noqa: RUF022 - the API first, then tuning, then the tuned-results knowledge base
     "ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models", "load_any",
     "OptimizationTarget", "ParameterSpace", "auto_tune",
+    "KnowledgeBase", "KnowledgeBaseError", "TunedGateFailure", "assert_near_tuned",
 ]
 
 
@@ -24,4 +26,8 @@ def __getattr__(name: str):
         from . import tune
 
         return getattr(tune, name)
+    if name in _KNOWLEDGE_BASE:
+        from . import knowledge_base
+
+        return getattr(knowledge_base, name)
     raise AttributeError(f"module 'pytest_oam' has no attribute {name!r}")

@@ -190,10 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser(
         "tune", help="run a tuning job file and print the best configurations",
         description="Run the tuning job in JOB (TOML or JSON: workload = \"module:function\", operator, metric, "
-                    "constraint, max_iterations, seed, hardware, [space], [fixed]; see the README) and print the "
-                    "best configurations and the improvement over the default; exit 1 if none is feasible.")
+                    "constraint, max_iterations, seed, hardware, sampler, [space], [fixed]; see the README) and print "
+                    "the best configurations and the improvement over the default; exit 1 if none is feasible. "
+                    "--save records the tuned configuration in a knowledge base file.")
     tune.add_argument("job", type=Path, metavar="JOB")
     tune.add_argument("--top", type=_positive_int, default=5, metavar="N", help="configurations listed (default: 5)")
+    tune.add_argument("--save", type=_output_path, metavar="KB.json",
+                      help="record the tuned configuration of the job's operator in this knowledge base file "
+                           "(created if missing; e.g. tuned/knowledge_base.json)")
+    tune.add_argument("--replace", action="store_true",
+                      help="with --save: replace an existing record of the same operator, shapes, dtype, hardware "
+                           "and simulator version (refused otherwise)")
     _format_option(tune)
 
     replay = commands.add_parser(
@@ -319,11 +326,29 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from .tune import auto_tune, load_job, result_table
 
     options, target, space, workload = load_job(args.job)
+    if args.replace and args.save is None:
+        raise ValueError("--replace: replaces a knowledge base record only together with --save PATH")
+    if args.save is not None:
+        from .knowledge_base import KnowledgeBase
+
+        if target.operator is None:
+            raise ValueError(f"--save: {args.job} tunes the whole step; the knowledge base records an operator's "
+                             "tuning (set operator in the job)")
+        KnowledgeBase.load(args.save)  # a corrupt or foreign file stops us before any evaluation
     result = auto_tune(target=target, param_space=space, workload=workload, **options)
+    saved = save_error = None
+    if args.save is not None and result.best is not None:
+        try:
+            saved = result.save_to(args.save, replace=args.replace,
+                                   workload=f"{workload.__module__}:{getattr(workload, '__name__', '?')}")
+        except ValueError as exc:  # KnowledgeBaseError, TuneError: print the results all the same
+            save_error = f"--save: nothing recorded: {exc}"
     if args.format == "json":
         print(json.dumps({"best": result.best_params, "best_metrics": None if result.best is None else result.best.metrics,
                           "default_metrics": result.default.metrics, "improvement_frac": result.improvement_frac,
-                          "unique_evaluations": result.unique_evaluations, "exhaustive": result.exhaustive},
+                          "unique_evaluations": result.unique_evaluations, "exhaustive": result.exhaustive,
+                          "closest": [{"params": t.params, "reason": t.reason} for t in result.closest],
+                          "saved_to": None if saved is None else str(args.save)},
                          indent=2, default=str))
     else:
         how = "exhaustive" if result.exhaustive else "TPE"
@@ -336,6 +361,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 print(f"  {t.params}: {t.reason}")
         elif result.improvement_frac is not None:
             print(f"best: {result.best_params}, {result.improvement_frac * 100:+.1f}% over the default")
+        if saved is not None:
+            print(f"recorded in {args.save}: {saved.describe()}")
+        elif args.save is not None and save_error is None:
+            print(f"nothing recorded in {args.save}: no feasible configuration")
+    if save_error is not None:
+        print(f"oam tune: error: {save_error}", file=sys.stderr)
+        return EXIT_USAGE
     return EXIT_OK if result.best is not None else EXIT_FAILED
 
 

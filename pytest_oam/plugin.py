@@ -109,6 +109,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("oam_record_dir", "Same as --oam-record-dir, relative to the ini file", default=".oam/records")
     parser.addini("oam_disable_rules", "Diagnosis rules to switch off, one rule id per line", type="linelist",
                   default=[])
+    parser.addini("oam_knowledge_base", "Tuned-results knowledge base file for oam_profile.assert_near_tuned, "
+                  "relative to the ini file", default="tuned/knowledge_base.json")
     parser.addini("oam_rule_thresholds", "Diagnosis rule thresholds, one RULE.NAME = NUMBER per line",
                   type="linelist", default=[])
 

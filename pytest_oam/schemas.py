@@ -15,6 +15,7 @@ def schemas() -> dict[str, dict]:
     from simulator.profile import Profile
 
     from .baseline import BaselineFile
+    from .knowledge_base import KnowledgeBaseFile
     from .record import RecordFile
     from .report import OamReport
 
@@ -23,6 +24,7 @@ def schemas() -> dict[str, dict]:
         "report.v1.schema.json": OamReport.model_json_schema(),
         "profile.v1.schema.json": Profile.model_json_schema(),
         "record.v1.schema.json": RecordFile.model_json_schema(),
+        "knowledge_base.v1.schema.json": KnowledgeBaseFile.model_json_schema(),
     }
 
 

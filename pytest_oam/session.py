@@ -324,6 +324,7 @@ class OamProfiler:
         self.baseline_error: str | None = None
         self.profiles: list[Profile] = []
         self.run_configs: list[dict[str, Any]] = []  # how each run was made, for --oam-record
+        self._config = item.config
 
     def run(self, workload, *args, steps: int = 1, hardware: str | None = None,
             devices: int | None = None, op_time_scale: dict[str, float] | None = None, **kwargs) -> Profile:
@@ -387,6 +388,31 @@ class OamProfiler:
         from .perf import assert_near_best
 
         return assert_near_best(op_type, shape, hardware=self._hardware(hardware), **kwargs)
+
+    def assert_near_tuned(self, op_type: str, *, limit: str | float = "5%", profile: Profile | None = None,
+                          knowledge_base: str | os.PathLike | None = None, config: dict | None = None):
+        """:func:`pytest_oam.knowledge_base.assert_near_tuned` on ``profile`` (default: the last
+        profile this test ran): each call of ``op_type`` takes at most ``limit`` more time than
+        the tuned optimum recorded for its shapes, dtype, hardware and simulator version.
+        ``knowledge_base`` defaults to the ``oam_knowledge_base`` ini key (relative to the ini
+        file; default ``tuned/knowledge_base.json``). Returns the records used.
+
+        Raises:
+            TunedGateFailure: slower than the limit, or no current record (stale ones named).
+            KnowledgeBaseError: a corrupt or other-version knowledge base file.
+            ValueError: no profile yet, no ``op_type`` call, or a bad ``limit``.
+        """
+        __tracebackhide__ = True
+        from .knowledge_base import assert_near_tuned
+
+        if profile is None:
+            if not self.profiles:
+                raise ValueError("assert_near_tuned: run a workload with oam_profile.run first, or pass profile=")
+            profile = self.profiles[-1]
+        if knowledge_base is None:
+            ini_dir = self._config.inipath.parent if self._config.inipath else self._config.rootpath
+            knowledge_base = ini_dir / self._config.getini("oam_knowledge_base")
+        return assert_near_tuned(profile, op_type, knowledge_base, limit=limit, config=config)
 
 
 class OamSession:

@@ -56,6 +56,13 @@ class OptimizationTarget:
     constraint: str | None = None
 
     def __post_init__(self) -> None:
+        if self.operator is not None and (not isinstance(self.operator, str) or not self.operator.strip()):
+            raise TuneError(f"operator must be an op type such as 'FlashAttention' (or None: the whole step), "
+                            f"got {self.operator!r}")
+        if not isinstance(self.metric, str):
+            raise TuneError(f"metric must be a name, got {self.metric!r}; known: {', '.join(METRICS)}")
+        if self.constraint is not None and not isinstance(self.constraint, str):
+            raise TuneError(f"constraint must be text such as 'latency_ms < 50', got {self.constraint!r}")
         if self.metric not in METRICS:
             raise TuneError(f"unknown metric {self.metric!r}; known: {', '.join(METRICS)}")
         self.conditions()
@@ -163,14 +170,27 @@ class ParameterSpace:
 
 
 @dataclass(frozen=True)
+class OpCall:
+    """The calls of the target operator with one set of input shapes in a step: their input
+    shapes (one list per input), dtype, calls per step and mean time of one call (seconds)."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    calls_per_step: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
 class Trial:
-    """One evaluated configuration. ``reason`` says why an infeasible one is infeasible."""
+    """One evaluated configuration. ``reason`` says why an infeasible one is infeasible;
+    ``op_calls`` are the target operator's calls, per distinct input shapes."""
 
     params: dict[str, Any]
     metrics: dict[str, float]
     feasible: bool
     reason: str | None = None
     violation: float = 0.0  # how far outside the constraint (0 when met), for "closest"
+    op_calls: tuple[OpCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,6 +205,9 @@ class TuneResult:
     unique_evaluations: int
     exhaustive: bool
     closest: list[Trial] = field(default_factory=list)
+    hardware: str = "ascend910"
+    sampler: str = "tpe"
+    seed: int = 0
 
     @property
     def best_params(self) -> dict[str, Any] | None:
@@ -198,6 +221,27 @@ class TuneResult:
             return None
         new = self.best.metrics[self.target.metric]
         return (new / base - 1) if self.target.maximize else (base / new - 1)
+
+    def save_to(self, path, *, shapes: Sequence[Sequence[int]] | None = None, dtype: str | None = None,
+                replace: bool = False, workload: str | None = None):
+        """Record the tuned configuration of ``target.operator`` in the knowledge base file
+        ``path`` (created if missing) and return the record; see
+        :mod:`pytest_oam.knowledge_base`. ``shapes`` and ``dtype`` default to those of the
+        operator's calls in the best configuration.
+
+        Raises:
+            TuneError: no feasible configuration, a whole-step target (no operator), or an
+                operator that ran with several shapes while ``shapes`` was not given.
+            KnowledgeBaseError: the file is unreadable, corrupt or of another schema version,
+                or it already has a record for this key and ``replace`` is false.
+        """
+        from .knowledge_base import KnowledgeBase, record_from_result
+
+        kb = KnowledgeBase.load(path)
+        record = record_from_result(self, shapes=shapes, dtype=dtype, workload=workload)
+        kb.add(record, replace=replace)
+        kb.save()
+        return record
 
 
 def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_kwargs: dict) -> Trial:
@@ -213,13 +257,16 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
         return Trial(params, {}, False, f"the workload raised {type(exc).__name__}: {exc}", math.inf)
     if profile.is_empty:
         return Trial(params, {}, False, "the workload ran no op", math.inf)
+    op_calls: tuple[OpCall, ...] = ()
     if target.operator is None:
         time_s, flop = profile.step_time_s, sum(op.flop for op in profile.ops) / profile.steps
     else:
         if target.operator not in profile.op_types:
             return Trial(params, {}, False, f"the workload ran no {target.operator}", math.inf)
         time_s = profile.op_time_s(target.operator)
-        flop = sum(op.flop for op in profile.ops_of(target.operator)) / profile.op_steps(target.operator)
+        records = profile.ops_of(target.operator)
+        flop = sum(op.flop for op in records) / profile.op_steps(target.operator)
+        op_calls = _op_calls(records, profile.op_steps(target.operator))
     if time_s <= 0:
         return Trial(params, {}, False, "the measured time is zero", math.inf)
     metrics = {"latency_ms": time_s * 1e3, "flop_per_s": flop / time_s}
@@ -230,14 +277,24 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
     missing = sorted(target.metrics_needed() - set(metrics))
     if missing:
         return Trial(params, metrics, False, f"no {', '.join(missing)} (throughput needs npu.set_tokens_per_step)",
-                     math.inf)
+                     math.inf, op_calls)
     violation = 0.0
     failed = []
     for name, op, bound in target.conditions():
         if not _COMPARE[op](metrics[name], bound):
             failed.append(f"{name} {metrics[name]:.4g} is not {op} {bound:g}")
             violation += abs(metrics[name] - bound) / max(abs(bound), 1e-12)
-    return Trial(params, metrics, not failed, "; ".join(failed) or None, violation)
+    return Trial(params, metrics, not failed, "; ".join(failed) or None, violation, op_calls)
+
+
+def _op_calls(records: list, steps: int) -> tuple[OpCall, ...]:
+    """Group an operator's records by input shapes and dtype, in order of first call."""
+    groups: dict[tuple, list[float]] = {}
+    for op in records:
+        key = (tuple(tuple(s) for s in op.input_shapes), op.dtype)
+        groups.setdefault(key, []).append(op.duration_s)
+    return tuple(OpCall(shapes, dtype, len(times) / steps, sum(times) / len(times))
+                 for (shapes, dtype), times in groups.items())
 
 
 def _check_workload(workload: Callable, names: list[str]) -> None:
@@ -290,6 +347,8 @@ def auto_tune(
     steps: int = 1,
     storage: str | None = None,
     study_name: str | None = None,
+    sampler: str = "tpe",
+    sampler_options: dict[str, Any] | None = None,
     **fixed: Any,
 ) -> TuneResult:
     """Search ``param_space`` for the configuration of ``workload(npu, **fixed, **params)``
@@ -298,17 +357,22 @@ def auto_tune(
     ``max_iterations`` bounds the unique evaluations; with ``early_stopping`` the search stops
     when the best feasible value has not improved for ``patience`` unique evaluations.
     ``storage`` (an Optuna storage URL such as ``sqlite:///tune.db``) and ``study_name`` let
-    several processes share one study.
+    several processes share one study. ``sampler`` is ``"tpe"`` (Optuna's TPESampler, with
+    ``sampler_options`` as its keyword arguments, e.g. ``{"multivariate": True}``) or
+    ``"random"`` (Optuna's RandomSampler, the baseline of ``benchmarks/bench_tune.py``).
 
     Raises:
         TuneError: an empty space, a parameter the workload does not accept, a bad
-            ``max_iterations`` or ``patience``, all before any evaluation.
+            ``max_iterations``, ``patience``, ``sampler`` or sampler option, all before any
+            evaluation.
         ImportError: Optuna is not installed and the space must be searched.
     """
     from simulator.hardware import list_hardware
 
     if not isinstance(target, OptimizationTarget):
         raise TuneError(f"target must be an OptimizationTarget, got {target!r}")
+    if not callable(workload):
+        raise TuneError(f"workload must be a function workload(npu, **params), got {workload!r}")
     if not isinstance(param_space, ParameterSpace):
         raise TuneError(f"param_space must be a ParameterSpace, got {type(param_space).__name__}")
     if not param_space.params:
@@ -331,6 +395,7 @@ def auto_tune(
         raise TuneError(f"max_iterations must be a positive integer, got {max_iterations!r}")
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
         raise TuneError(f"patience must be a positive integer, got {patience!r}")
+    sampler_options = _check_sampler(sampler, sampler_options)
     _check_workload(workload, [*param_space.params, *fixed])
     run_kwargs = {"hardware": hardware, "devices": devices, "steps": steps, **fixed}
     default = _measure(target, workload, {}, run_kwargs)
@@ -358,13 +423,44 @@ def auto_tune(
                 best = trial
     else:
         best = _search(param_space, evaluate, better, sign, target, max_iterations, early_stopping, patience, seed,
-                       storage, study_name, cache)
+                       storage, study_name, cache, sampler, sampler_options)
     closest = [] if best is not None else sorted(order, key=lambda t: t.violation)[:3]
-    return TuneResult(target, best, default, list(order), len(order), exhaustive, closest)
+    return TuneResult(target, best, default, list(order), len(order), exhaustive, closest, hardware,
+                      "exhaustive" if exhaustive else sampler, seed)
+
+
+SAMPLERS = ("tpe", "random")
+
+
+def _check_sampler(sampler: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The sampler's keyword arguments, checked against its signature.
+
+    Raises:
+        TuneError: an unknown sampler, options for the random sampler, or an option that
+            TPESampler does not take (or that auto_tune sets itself: seed, constraints_func).
+    """
+    if sampler not in SAMPLERS:
+        raise TuneError(f"unknown sampler {sampler!r}; known: {', '.join(SAMPLERS)}")
+    options = dict(options or {})
+    if not options:
+        return options
+    if sampler == "random":
+        raise TuneError(f"the random sampler takes no options, got {', '.join(map(repr, options))}")
+    try:
+        import optuna
+    except ImportError:
+        return options  # _search names the missing package
+    own = {"self", "seed", "constraints_func"}
+    accepted = [p for p in inspect.signature(optuna.samplers.TPESampler.__init__).parameters if p not in own]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TuneError(f"sampler option {', '.join(map(repr, unknown))} is not one of TPESampler's "
+                        f"({', '.join(accepted)}; seed comes from auto_tune's seed)")
+    return options
 
 
 def _search(space, evaluate, better, sign, target, max_iterations, early_stopping, patience, seed, storage,
-            study_name, cache) -> Trial | None:
+            study_name, cache, sampler_name="tpe", sampler_options=None) -> Trial | None:
     try:
         import optuna
     except ImportError:
@@ -374,10 +470,14 @@ def _search(space, evaluate, better, sign, target, max_iterations, early_stoppin
     # Optuna 5 takes a trial's constraint values from Trial.set_constraint; 4.x from the
     # sampler's constraints_func.
     modern = hasattr(optuna.trial.Trial, "set_constraint")
-    if modern:
-        sampler = optuna.samplers.TPESampler(seed=seed)
+    options = dict(sampler_options or {})
+    if sampler_name == "random":
+        sampler = optuna.samplers.RandomSampler(seed=seed)
+    elif modern:
+        sampler = optuna.samplers.TPESampler(seed=seed, **options)
     else:
-        sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=lambda t: (t.user_attrs.get("violation", 0.0),))
+        sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=lambda t: (t.user_attrs.get("violation", 0.0),),
+                                             **options)
     study = optuna.create_study(direction="minimize", sampler=sampler, storage=storage, study_name=study_name,
                                 load_if_exists=storage is not None)
     best, since_best, asked = None, 0, 0
@@ -430,6 +530,8 @@ def _job_model():
         steps: int = 1
         storage: str | None = None
         study_name: str | None = None
+        sampler: str = Field(default="tpe", description="tpe or random")
+        sampler_options: dict[str, object] = Field(default_factory=dict, description="TPESampler keyword arguments")
         space: dict[str, list | str | dict[str, list[float]]] = Field(
             description='per parameter: a list of values, "bool", {"int": [low, high, step]} or {"float": [low, high]}')
         fixed: dict[str, object] = Field(default_factory=dict)
@@ -500,7 +602,8 @@ def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
         raise TuneError(f"{path}: {module_name} has no function {function_name!r}")
     target = OptimizationTarget(operator=job.operator, metric=job.metric, constraint=job.constraint)
     options = {k: getattr(job, k) for k in ("max_iterations", "early_stopping", "patience", "seed", "hardware",
-                                            "devices", "steps", "storage", "study_name")}
+                                            "devices", "steps", "storage", "study_name", "sampler",
+                                            "sampler_options")}
     return {**options, **job.fixed}, target, space, workload
 
 

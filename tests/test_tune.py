@@ -233,3 +233,64 @@ print(r.unique_evaluations)
 
     study = optuna.load_study(study_name="shared", storage=f"sqlite:///{tmp_path / 'tune.db'}")
     assert len(study.trials) >= 16
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: OptimizationTarget(constraint=50), "constraint must be text such as 'latency_ms < 50', got 50"),
+        (lambda: OptimizationTarget(constraint="latency_ms < 5 and"), "is not METRIC < NUMBER"),
+        (lambda: OptimizationTarget(constraint="latency_ms < 1e"), "'1e' is not a number"),
+        (lambda: OptimizationTarget(operator=""), "operator must be an op type"),
+        (lambda: OptimizationTarget(metric=["latency_ms"]), "metric must be a name"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload="attention"),
+         "workload must be a function"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload=attention, sampler="cmaes"),
+         "unknown sampler 'cmaes'; known: tpe, random"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload=attention, sampler="random",
+                           sampler_options={"n_startup_trials": 5}), "the random sampler takes no options"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload=attention,
+                           sampler_options={"multivariat": True}), "sampler option 'multivariat' is not one of"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload=attention,
+                           sampler_options={"seed": 3}), "sampler option 'seed' is not one of"),
+    ],
+)
+def test_more_bad_input_before_any_evaluation(make, message, monkeypatch) -> None:
+    from pytest_oam import tune
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("evaluated a configuration before refusing the input")
+
+    monkeypatch.setattr(tune, "_measure", no_evaluation)
+    with pytest.raises(TuneError, match=message):
+        make()
+
+
+def test_random_and_tpe_options_search_within_the_budget() -> None:
+    space = ParameterSpace().add_int("block_size", 16, 512, 16).add_int("pipeline_stages", 1, 8)
+    space.add_boolean("enable_fusion")  # 512 configurations
+    runs = {name: auto_tune(target=TARGET, param_space=space, workload=attention, max_iterations=20,
+                            early_stopping=False, seed=1, sampler=sampler, sampler_options=options)
+            for name, (sampler, options) in {"random": ("random", None),
+                                             "tpe": ("tpe", {"n_startup_trials": 5, "multivariate": True})}.items()}
+    for name, result in runs.items():
+        assert result.sampler == name and not result.exhaustive and result.unique_evaluations == 20
+    # the two samplers propose different configurations from the same seed
+    assert [t.params for t in runs["random"].trials] != [t.params for t in runs["tpe"].trials]
+
+
+def test_oam_tune_json_shows_the_closest_when_nothing_is_feasible(tmp_path, capsys) -> None:
+    import json
+
+    from pytest_oam.cli import main
+
+    (tmp_path / "attn_job.py").write_text(WORKLOAD_MODULE)
+    job = {"workload": "attn_job:attention", "operator": "FlashAttention", "metric": "latency_ms",
+           "constraint": "latency_ms < 0.001", "space": {"block_size": [128, 256]}, "sampler": "random"}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    assert main(["tune", str(tmp_path / "job.json"), "--format", "json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"] is None and len(out["closest"]) == 2
+    assert all("latency_ms" in c["reason"] and "is not < 0.001" in c["reason"] for c in out["closest"])
+    assert main(["tune", str(tmp_path / "job.json")]) == 1
+    assert "no feasible configuration; the closest:" in capsys.readouterr().out
