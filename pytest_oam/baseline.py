@@ -67,7 +67,7 @@ class RunBaseline(BaseModel):
     )
     step_time_max_s: PositiveFloat | None = Field(default=None, description="Slowest step")
     tokens_per_step: int | None = Field(default=None, ge=1)
-    collection: Literal["offline", "online"] = Field(
+    collection_mode: Literal["offline", "online"] = Field(
         default="offline", description="How the run was collected; online runs carry a per-op overhead")
     memory_reserved_peak_bytes: int | None = Field(default=None, ge=0, description="Runs with memory=True")
     memory_allocated_peak_bytes: int | None = Field(default=None, ge=0)

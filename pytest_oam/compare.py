@@ -104,7 +104,7 @@ def summarize(profile: Profile) -> RunBaseline:
         simulator_version=profile.simulator_version,
         workload_fingerprint=profile.workload_fingerprint,
         steps=profile.steps,
-        collection=profile.collection,
+        collection_mode=profile.collection,
         step_time_s=profile.step_time_s,
         step_time_mean_s=statistics.fmean(profile.step_times_s),
         step_time_p99_s=tail_s(profile.step_times_s, profile.steps),
@@ -167,7 +167,7 @@ class RunComparison:
 
 #: Fields that make two runs incomparable: another device, job size or simulator, or an online
 #: collection (its per-op overhead) against an offline one.
-HARD_IDENTITY = ("hardware", "devices", "simulator_version", "collection")
+HARD_IDENTITY = ("hardware", "devices", "simulator_version", "collection_mode")
 
 
 def _identity_mismatches(baseline: RunBaseline, current: RunBaseline) -> tuple[list[str], list[str]]:

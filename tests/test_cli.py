@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import pytest_oam as oam
+import simulator
 from pytest_oam.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +142,7 @@ def test_compare_per_op_threshold_and_version(tmp_path, capsys) -> None:
     assert code == 0 and json.loads(out)["limits"]["FlashAttention*"] == 0.6
     with pytest.raises(SystemExit):
         main(["--version"])
-    assert "simulator 0.2.1" in capsys.readouterr().out
+    assert f"simulator {simulator.__version__}" in capsys.readouterr().out
 
 
 def test_empty_baseline_is_invalid(tmp_path, capsys) -> None:

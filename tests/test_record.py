@@ -305,7 +305,7 @@ def test_online_run_against_an_offline_baseline_is_incomparable(pytester: pytest
     pytester.runpytest_subprocess("--oam-save-baseline").assert_outcomes(passed=2)
     result = pytester.runpytest_subprocess("--oam-baseline", "--oam-collect=online", "--oam-strict")
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["*collection differs: baseline 'offline', current 'online'*"])
+    result.stdout.fnmatch_lines(["*collection_mode differs: baseline 'offline', current 'online'*"])
     pytester.runpytest_subprocess("--oam-baseline", "--oam-collect=offline").assert_outcomes(passed=2)
 
 
