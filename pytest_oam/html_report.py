@@ -83,18 +83,31 @@ ul.advice { margin: 0.2em 0 0.6em 1em; }
 """
 
 
+#: Points of a memory timeline in the page: longer runs keep the largest values per slice.
+MEMORY_POINTS = 2000
+
+
 class RunSeries(BaseModel):
     """What the page plots of one profiled run beyond the JSON report: its per-step values."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     step_times_s: list[NonNegativeFloat] = Field(description="Wall time of each step")
     memory: list[StepMemory] = Field(default_factory=list, description="Per step, when the run tracked memory")
+    memory_timeline: list[tuple[NonNegativeFloat, int, int]] = Field(
+        default_factory=list, description="(time_s, allocated_bytes, reserved_bytes) after allocator calls, "
+        f"at most {MEMORY_POINTS} points (each the largest values of its slice of the run)")
 
 
 def series_from_profile(profile: Profile) -> RunSeries:
     """The per-step series of ``profile`` (step times; memory when the run tracked it)."""
     times = [] if profile.is_empty else profile.step_times_s
-    return RunSeries(step_times_s=times, memory=list(profile.memory))
+    events = profile.memory_events
+    timeline = [(e.time_s, e.allocated_bytes, e.reserved_bytes) for e in events]
+    if len(timeline) > MEMORY_POINTS:
+        size = -(-len(timeline) // MEMORY_POINTS)
+        timeline = [(chunk[-1][0], max(c[1] for c in chunk), max(c[2] for c in chunk))
+                    for chunk in (timeline[i:i + size] for i in range(0, len(timeline), size))]
+    return RunSeries(step_times_s=times, memory=list(profile.memory), memory_timeline=timeline)
 
 
 def spike_factor_of(rules: Mapping[str, object], overrides: Mapping[str, Mapping[str, float]]) -> float:
@@ -145,6 +158,8 @@ def _img(kind: str, uri: str, alt: str, caption: str, run: int | None = None) ->
 def step_time_plot(test: GateReport, series: Sequence[RunSeries], factor: float) -> str:
     """Step time over steps, one line per run, with the median, the baseline's median step time
     and (for runs long enough to have one) the p99; spikes are marked with red crosses."""
+    from matplotlib.ticker import MaxNLocator
+
     fig = _figure()
     ax = fig.add_subplot()
     peak_s = max((max(s.step_times_s) for s in series if s.step_times_s), default=0.0)
@@ -173,6 +188,7 @@ def step_time_plot(test: GateReport, series: Sequence[RunSeries], factor: float)
                        color=REGRESSED_COLOUR, zorder=3, label="spike" if "spike" not in notes else None)
             notes.append("spike")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel(f"step time ({unit})")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
@@ -258,23 +274,36 @@ def op_time_plot(verdicts: Sequence[VerdictReport], run: int) -> str | None:
 def memory_plot(series: RunSeries, run: int) -> str | None:
     """Reserved and allocated device memory per step (peak and end of step); ``None`` when the
     run did not track memory."""
+    from matplotlib.ticker import MaxNLocator
+
     if not series.memory:
         return None
     fig = _figure()
     ax = fig.add_subplot()
     memory = sorted(series.memory, key=lambda m: m.step)
     divisor, unit = bytes_unit(max(m.reserved_peak_bytes for m in memory))
-    steps = [m.step for m in memory]
-    for name, colour, style in (("reserved_peak_bytes", "#1f77b4", "-"), ("reserved_end_bytes", "#1f77b4", "--"),
-                                ("allocated_peak_bytes", "#ff7f0e", "-"), ("allocated_end_bytes", "#ff7f0e", "--")):
-        ax.plot(steps, [getattr(m, name) / divisor for m in memory], style, marker="o", markersize=3, color=colour,
-                label=name.removesuffix("_bytes").replace("_", " "))
-    ax.set_xlabel("step")
+    if series.memory_timeline:  # over time, after every allocator call
+        t = [point[0] * 1e3 for point in series.memory_timeline]
+        ax.step(t, [point[2] / divisor for point in series.memory_timeline], where="post", color="#1f77b4",
+                label="reserved")
+        ax.step(t, [point[1] / divisor for point in series.memory_timeline], where="post", color="#ff7f0e",
+                label="allocated")
+        ax.set_xlabel("time (ms)")
+    else:
+        steps = [m.step for m in memory]
+        for name, colour, style in (("reserved_peak_bytes", "#1f77b4", "-"), ("reserved_end_bytes", "#1f77b4", "--"),
+                                    ("allocated_peak_bytes", "#ff7f0e", "-"),
+                                    ("allocated_end_bytes", "#ff7f0e", "--")):
+            ax.plot(steps, [getattr(m, name) / divisor for m in memory], style, marker="o", markersize=3,
+                    color=colour, label=name.removesuffix("_bytes").replace("_", " "))
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"HBM ({unit})")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(f"run {run + 1}: caching allocator memory per step", fontsize=10)
+    ax.set_title(f"run {run + 1}: caching allocator memory "
+                 + ("over time" if series.memory_timeline else "per step"), fontsize=10)
     peak = max(memory, key=lambda m: m.reserved_peak_bytes)
     caption = (f"run {run + 1}: reserved peak {fmt_bytes(peak.reserved_peak_bytes)} in step {peak.step}, "
                f"allocated peak {fmt_bytes(max(m.allocated_peak_bytes for m in memory))}, "

@@ -296,3 +296,22 @@ def test_html_report_renders_in_chromium(chromium, regressed_report) -> None:
         assert all(tip in text for tip in finding.advice)
     for item in test.diagnosis:
         assert item.rule_id in text and item.fix in text
+
+
+def test_memory_timeline_from_allocator_events_is_bounded() -> None:
+    import simulator
+    from pytest_oam.html_report import MEMORY_POINTS, series_from_profile
+
+    def work(npu):
+        for _ in range(3):
+            a = npu.tensor((1024, 1024))
+            npu.add(a, a)
+
+    profile = simulator.run(work, steps=4, memory=True)
+    series = series_from_profile(profile)
+    assert [p[2] for p in series.memory_timeline] == [e.reserved_bytes for e in profile.memory_events]
+    assert [p[0] for p in series.memory_timeline] == [e.time_s for e in profile.memory_events]
+    many = simulator.run(work, steps=MEMORY_POINTS, memory=True)  # 6 events per step
+    timeline = series_from_profile(many).memory_timeline
+    assert len(timeline) <= MEMORY_POINTS
+    assert max(p[2] for p in timeline) == max(e.reserved_bytes for e in many.memory_events)  # peaks are kept
