@@ -69,7 +69,8 @@ def test_allreduce_algorithm_follows_topology() -> None:
     assert algo(tuple(range(8))) == "hierarchical-mesh-ring"  # two HCCS groups on a 910A server
     assert algo((0, 4)) == "ring-pcie"
     assert algo(tuple(range(8)), "ascend910b") == "mesh"  # one 8-card HCCS mesh on 910B
-    assert algo(tuple(range(16))) == "hierarchical-roce"
+    assert algo(tuple(range(16))) == "hierarchical-ring-roce"  # two servers
+    assert algo(tuple(range(32))) == "hierarchical-halving-doubling-roce"  # four servers
 
 
 # -- properties ---------------------------------------------------------------------------------
