@@ -288,7 +288,8 @@ class NPU:
         collection: ``"offline"`` or ``"online"``, see :mod:`simulator.callbacks`.
         slow_ranks: stragglers, ``{rank: factor}``: that rank's compute takes ``factor`` times
             as long (>= 1); every rank of a collective waits for the slowest member, so rank 0
-            (the simulated one) sees the wait in its collectives (``attrs["wait_time_s"]``).
+            (the simulated one) sees the wait in its collectives (``attrs["wait_time_s"]``), or,
+            when rank 0 itself is slow, in its own kernels.
         degraded_links: ``{(rank_a, rank_b): frac}``: the link between two cards works at
             ``frac`` (0 < frac <= 1) of its bandwidth; a collective over a group holding both
             is bounded by it (``attrs["link_bandwidth_frac"]``).
@@ -338,7 +339,11 @@ class NPU:
         self._slow = self._check_slow_ranks(slow_ranks or {})
         self._links = self._check_links(degraded_links or {})
         # Straggler model: each rank's lag behind rank 0, in seconds (only with slow ranks or links).
+        # A rank's lag is _lag_base + _lag[rank] (rank 0's is 0 by definition); the shared base
+        # keeps the per-op update O(slow ranks) when rank 0 itself is slow.
         self._lag: list[float] | None = [0.0] * devices if (self._slow or self._links) else None
+        self._lag_base = 0.0
+        self._own_factor = self._slow.get(0, 1.0)  # rank 0's own compute slowdown
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -460,7 +465,8 @@ class NPU:
             start_s = self._clock_s
         record = _make_record(
             self.hardware, spec, cost, name=name or op_type, step=self._step, stream=stream, start_s=start_s,
-            scale=self._scale.get(op_type, 1.0), stall_s=self._pending_stall_s, alloc_count=self._pending_allocs,
+            scale=self._scale.get(op_type, 1.0) * (self._own_factor if stream == "compute" else 1.0),
+            stall_s=self._pending_stall_s, alloc_count=self._pending_allocs,
             alloc_retries=self._pending_retries, device_frees=self._pending_device_frees,
             device_mallocs=self._pending_device_mallocs, source=_call_site(), wait_s=wait_s,
         )
@@ -478,8 +484,13 @@ class NPU:
         else:
             self._clock_s = end_s
             if self._lag is not None:
+                # each rank r computes base x factor_r; relative to rank 0 it falls behind by
+                # (factor_r - factor_0) x base
+                base_s = (record.duration_s - record.alloc_stall_s) / self._own_factor
+                self._lag_base += (1.0 - self._own_factor) * base_s
                 for rank, factor in self._slow.items():
-                    self._lag[rank] += (factor - 1.0) * (record.duration_s - record.alloc_stall_s)
+                    if rank:
+                        self._lag[rank] += (factor - 1.0) * base_s
         if self.collection == "online":
             self._clock_s += self.hardware.profiler.online_callback_overhead_s
         return cost
@@ -496,6 +507,8 @@ class NPU:
             self._wait_for(self._last_hccl, self._hccl_clock_s)
 
     def _check_slow_ranks(self, slow: dict[int, float]) -> dict[int, float]:
+        if not isinstance(slow, dict):
+            raise TypeError(f"slow_ranks must be a dict {{rank: factor}}, got {slow!r}")
         for rank, factor in slow.items():
             if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.devices:
                 raise ValueError(f"slow_ranks: rank {rank!r} is not a rank of the {self.devices}-card job")
@@ -504,6 +517,8 @@ class NPU:
         return {r: float(f) for r, f in slow.items() if f > 1}
 
     def _check_links(self, links: dict[tuple[int, int], float]) -> dict[frozenset[int], float]:
+        if not isinstance(links, dict):
+            raise TypeError(f"degraded_links must be a dict {{(rank_a, rank_b): fraction}}, got {links!r}")
         checked = {}
         for pair, frac in links.items():
             if (not isinstance(pair, tuple) or len(pair) != 2 or pair[0] == pair[1]
@@ -542,17 +557,15 @@ class NPU:
     def _collective_wait(self, group: tuple[int, ...]) -> float:
         """Straggler model: every copy of the collective starts when its slowest member gets
         there; returns how long rank 0 waits, and re-bases every rank's lag on rank 0."""
-        lag = self._lag
+        lag, base = self._lag, self._lag_base
         wait_s = 0.0
         for copy in _copies(group, self.devices):
-            latest = max(lag[r] for r in copy)
+            latest = max(0.0 if r == 0 else base + lag[r] for r in copy)
             for r in copy:
-                lag[r] = latest
+                lag[r] = latest - base
             if 0 in copy:
-                wait_s = max(0.0, latest)
-        if wait_s:
-            for r in range(self.devices):
-                lag[r] -= wait_s
+                wait_s = latest  # >= 0: rank 0's own lag is 0
+        self._lag_base -= wait_s  # rank 0's clock moved on by the wait
         return wait_s
 
     def _deliver_final(self) -> None:
@@ -948,6 +961,8 @@ class NPU:
 
     def _collective(self, op_type: str, costed: Tensor, out_shape: tuple[int, ...], dtype: str, group: tuple[int, ...],
                     name: str | None, async_op: bool) -> Tensor | Work:
+        if not isinstance(async_op, bool):
+            raise TypeError(f"{op_type}: async_op must be True or False, got {async_op!r}")
         self._emit(op_type, (costed,), dtype, name, {"ranks": group}, stream="hccl", async_op=async_op)
         index, end_s = len(self._records) - 1, self._hccl_clock_s
         out = self._out(out_shape, dtype)
@@ -1031,8 +1046,8 @@ class NPU:
         in a pipeline.
         """
         peer = self._peer("Receive", src, x)
-        if ready_s is not None and not (isinstance(ready_s, (int, float)) and math.isfinite(ready_s)):
-            raise ValueError(f"Receive: ready_s must be a finite time in seconds, got {ready_s!r}")
+        if ready_s is not None and not (isinstance(ready_s, (int, float)) and math.isfinite(ready_s) and ready_s >= 0):
+            raise ValueError(f"Receive: ready_s must be a finite time >= 0 in seconds, got {ready_s!r}")
         self._recv_ready_s = ready_s
         try:
             self._emit("Receive", (x,), x.dtype, name, {"ranks": (self.rank, peer), "peer": peer}, stream="hccl")
@@ -1136,8 +1151,9 @@ def run(
         The :class:`~simulator.profile.Profile` of the run.
 
     Raises:
-        ValueError: unknown hardware, ``steps`` < 1, bad ``devices`` or ``collection``, or
-            any operator error.
+        ValueError: unknown hardware, ``steps`` < 1, bad ``devices``, ``collection``,
+            ``slow_ranks`` or ``degraded_links`` values, or any operator error.
+        TypeError: ``slow_ranks`` or ``degraded_links`` is not a dict.
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")

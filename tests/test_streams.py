@@ -226,3 +226,34 @@ def test_a_straggler_or_slow_link_fails_the_gate_and_names_communication(
     assert "MatMul" not in [v["op_type"] for v in test["verdicts"] if v["status"] == "regressed"]
     assert rule in [d["rule_id"] for d in test["diagnosis"]]
     result.stdout.fnmatch_lines([f"*{rule}: {regressed} at test_dp.py:*"])
+
+
+def test_a_slow_rank_0_is_slow_itself_not_waiting() -> None:
+    # Regression (review): rank 0's own slowdown was counted as a wait for the others.
+    from simulator.models import ParallelLayout
+
+    def run(**kw):
+        return simulator.run(training_step, LLAMA2_7B, devices=8, seq_len=2048, layout=ParallelLayout(2, 4), **kw)
+
+    healthy, slow0, everyone = run(), run(slow_ranks={0: 1.1}), run(slow_ranks={r: 1.1 for r in range(8)})
+    for slow in (slow0, everyone):
+        assert slow.op_time_s("MatMul") == pytest.approx(1.1 * healthy.op_time_s("MatMul"))
+        assert slow.op_time_s("AllReduce") == pytest.approx(healthy.op_time_s("AllReduce"))
+        assert not any(op.attrs.get("wait_time_s") for op in slow.ops)
+    assert "comm-wait" not in {f.rule_id for f in run_rules(slow0, A910)}
+
+
+@pytest.mark.parametrize(("work", "error", "message"), [
+    (lambda npu: npu.all_reduce(npu.tensor((8,)), async_op="yes"), TypeError, "async_op must be True or False"),
+    (lambda npu: npu.recv(npu.tensor((8,)), 1, ready_s=-1.0), ValueError, "ready_s must be a finite time >= 0"),
+])
+def test_bad_stream_arguments(work, error, message) -> None:
+    with pytest.raises(error, match=message):
+        simulator.run(work, devices=8)
+
+
+def test_fault_settings_must_be_dicts() -> None:
+    with pytest.raises(TypeError, match=r"slow_ranks must be a dict \{rank: factor\}, got \[5\]"):
+        simulator.run(overlapped, devices=8, slow_ranks=[5])
+    with pytest.raises(TypeError, match="degraded_links must be a dict"):
+        simulator.run(overlapped, devices=8, degraded_links=[(0, 1)])
