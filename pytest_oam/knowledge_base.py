@@ -68,6 +68,9 @@ class TunedRecord(BaseModel):
     operator: Name = Field(description="Op type, e.g. FlashAttention")
     shapes: list[Shape] = Field(min_length=1, description="Input shapes of the operator, one list per input")
     dtype: Name
+    attrs: dict[Name, ConfigValue] = Field(
+        default_factory=dict, description="Op attributes the tuning did not change (e.g. causal): a call "
+        "matches the record only when it has these values")
     hardware: Name = Field(description="Simulated hardware name, e.g. ascend910")
     simulator_version: Name
     metric: Name = Field(description="The metric tuned for")
@@ -82,11 +85,17 @@ class TunedRecord(BaseModel):
 
     @property
     def key(self) -> tuple:
-        return (self.operator, _shape_key(self.shapes), self.dtype, self.hardware, self.simulator_version)
+        return (self.operator, _shape_key(self.shapes), self.dtype, tuple(sorted(self.attrs.items())),
+                self.hardware, self.simulator_version)
+
+    def matches(self, attrs: Mapping[str, Any]) -> bool:
+        """Does a call with ``attrs`` have this record's fixed attributes?"""
+        return all(k in attrs and attrs[k] == v for k, v in self.attrs.items())
 
     def describe(self) -> str:
-        """``FlashAttention [1, 32, 4096, 128] x3 fp16 on ascend910 (simulator 0.2.1)``."""
-        return f"{self.operator} {format_shapes(self.shapes)} {self.dtype} on {self.hardware} " \
+        """``FlashAttention [1, 32, 4096, 128] x3 fp16 causal=True on ascend910 (simulator 0.3.0)``."""
+        fixed = "".join(f" {k}={v}" for k, v in sorted(self.attrs.items()))
+        return f"{self.operator} {format_shapes(self.shapes)} {self.dtype}{fixed} on {self.hardware} " \
                f"(simulator {self.simulator_version})"
 
 
@@ -199,29 +208,45 @@ class KnowledgeBase:
         self._records[record.key] = record
 
     def record(self, operator: str, *, shapes: Sequence[Sequence[int]], dtype: str = "fp16",
-               hardware: str = "ascend910", simulator_version: str | None = None) -> TunedRecord | None:
+               hardware: str = "ascend910", simulator_version: str | None = None,
+               attrs: Mapping[str, Any] | None = None) -> TunedRecord | None:
         """The record of ``operator`` at exactly these shapes, dtype, hardware and simulator
-        version (default: the installed simulator's), or ``None``.
+        version (default: the installed simulator's) whose fixed attributes the call's ``attrs``
+        have (``{"causal": True}``), or ``None``. Without ``attrs`` any record of these shapes
+        matches, if there is only one.
 
         Raises:
-            ValueError: ``shapes`` is not a list of shapes.
+            ValueError: ``shapes`` is not a list of shapes, or several records match (the most
+                specific one wins; two equally specific ones are ambiguous).
         """
         if simulator_version is None:
             from simulator import SIMULATOR_VERSION as simulator_version
-        key = (operator, _shape_key(_check_shapes(shapes)), dtype, hardware, simulator_version)
-        return self._records.get(key)
+        shape_key = _shape_key(_check_shapes(shapes))
+        found = [r for r in self._records.values()
+                 if (r.operator, _shape_key(r.shapes), r.dtype, r.hardware, r.simulator_version)
+                 == (operator, shape_key, dtype, hardware, simulator_version)
+                 and (attrs is None or r.matches(attrs))]
+        if not found:
+            return None
+        found.sort(key=lambda r: -len(r.attrs))
+        if len(found) > 1 and (attrs is None or len(found[0].attrs) == len(found[1].attrs)):
+            raise ValueError(f"{self.path}: several records match {operator} {format_shapes(shape_key)} {dtype} "
+                             f"with {attrs}: " + "; ".join(r.describe() for r in found))
+        return found[0]
 
     def lookup(self, operator: str, *, shapes: Sequence[Sequence[int]], dtype: str = "fp16",
-               hardware: str = "ascend910", simulator_version: str | None = None) -> dict[str, Any] | None:
+               hardware: str = "ascend910", simulator_version: str | None = None,
+               attrs: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """The tuned configuration (a new dict, to pass to the workload as keywords) of
-        ``operator`` at these shapes, or ``None`` when there is no current record (see
-        :meth:`stale` for records of other hardware or simulator versions).
+        ``operator`` at these shapes and attributes (see :meth:`record`), or ``None`` when there
+        is no current record (see :meth:`stale` for records of other hardware or simulator
+        versions).
 
         Raises:
-            ValueError: ``shapes`` is not a list of shapes.
+            ValueError: ``shapes`` is not a list of shapes, or the match is ambiguous.
         """
         record = self.record(operator, shapes=shapes, dtype=dtype, hardware=hardware,
-                             simulator_version=simulator_version)
+                             simulator_version=simulator_version, attrs=attrs)
         return None if record is None else dict(record.config)
 
     def stale(self, operator: str, *, shapes: Sequence[Sequence[int]], dtype: str = "fp16",
@@ -274,9 +299,10 @@ def record_from_result(result: TuneResult, *, shapes: Sequence[Sequence[int]] | 
             raise TuneError(f"the {which} configuration ran no {target.operator} with shapes "
                             f"{format_shapes(shapes or [])} {dtype or ''}; its calls: {seen}")
         if len(calls) > 1:
-            seen = "; ".join(f"{format_shapes(c.shapes)} {c.dtype}" for c in calls)
-            raise TuneError(f"{target.operator} runs with {len(calls)} different shapes in the {which} "
-                            f"configuration ({seen}); pass shapes= (and dtype=) to say which one to record")
+            seen = "; ".join(f"{format_shapes(c.shapes)} {c.dtype} {dict(c.attrs)}" for c in calls)
+            raise TuneError(f"{target.operator} runs with {len(calls)} different shapes or attributes in the "
+                            f"{which} configuration ({seen}); pass shapes= (and dtype=) to say which one to record, "
+                            "and keep one set of attributes per tuning workload")
         return calls[0]
 
     best_call = call(result.best, "best")
@@ -300,6 +326,10 @@ def _record(result: TuneResult, best_call, default_call, workload: str | None) -
     target = result.target
     return TunedRecord(
         operator=target.operator, shapes=[list(s) for s in best_call.shapes], dtype=best_call.dtype,
+        # what the tuning did not change, and is not a tuned parameter, is a property of the
+        # call (causal), not a knob
+        attrs={k: v for k, v in best_call.attrs
+               if k not in result.best.params and dict(default_call.attrs).get(k, object()) == v},
         hardware=result.hardware, simulator_version=simulator.SIMULATOR_VERSION, metric=target.metric,
         constraint=target.constraint, config=dict(sorted(result.best.params.items())),
         default=ConfigMetrics(latency_s=default_call.latency_s, metrics=dict(result.default.metrics)),
@@ -346,11 +376,16 @@ def assert_near_tuned(profile: Profile, operator: str, knowledge_base: Knowledge
     for call in _op_calls(records, steps):
         what = f"{operator} {format_shapes(call.shapes)} {call.dtype} {where}"
         record = kb.record(operator, shapes=call.shapes, dtype=call.dtype, hardware=profile.hardware,
-                           simulator_version=profile.simulator_version)
+                           simulator_version=profile.simulator_version, attrs=dict(call.attrs))
         if record is None:
-            stale = kb.stale(operator, shapes=call.shapes, dtype=call.dtype, hardware=profile.hardware,
-                             simulator_version=profile.simulator_version)
-            line = f"no tuned record for {what} in {kb.path}"
+            stale = [r for r in kb.stale(operator, shapes=call.shapes, dtype=call.dtype, hardware=profile.hardware,
+                                         simulator_version=profile.simulator_version) if r.matches(dict(call.attrs))]
+            others = [r for r in kb.records if r.operator == operator and _shape_key(r.shapes) == _shape_key(call.shapes)
+                      and r.dtype == call.dtype and (r.hardware, r.simulator_version)
+                      == (profile.hardware, profile.simulator_version) and not r.matches(dict(call.attrs))]
+            line = f"no tuned record for {what} with {dict(call.attrs)} in {kb.path}"
+            if others:
+                line += "; records for other attributes, not used: " + "; ".join(r.describe() for r in others)
             if stale:
                 line += "; stale records, not used: " + "; ".join(
                     f"{r.hardware}, simulator {r.simulator_version}: config {r.config}, "

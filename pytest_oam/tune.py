@@ -171,13 +171,15 @@ class ParameterSpace:
 
 @dataclass(frozen=True)
 class OpCall:
-    """The calls of the target operator with one set of input shapes in a step: their input
-    shapes (one list per input), dtype, calls per step and mean time of one call (seconds)."""
+    """The calls of the target operator with one set of input shapes, dtype and attributes in
+    a step: their input shapes (one list per input), dtype, calls per step, mean time of one call
+    (seconds) and the op attributes (``causal``, ``block_size``, ...)."""
 
     shapes: tuple[tuple[int, ...], ...]
     dtype: str
     calls_per_step: float
     latency_s: float
+    attrs: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -287,14 +289,19 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
     return Trial(params, metrics, not failed, "; ".join(failed) or None, violation, op_calls)
 
 
+#: Op attributes that say where a call waited, not what it computes.
+_RUN_ATTRS = ("wait_hccl_op", "wait_time_s", "async_op", "link_bandwidth_frac")
+
+
 def _op_calls(records: list, steps: int) -> tuple[OpCall, ...]:
-    """Group an operator's records by input shapes and dtype, in order of first call."""
+    """Group an operator's records by input shapes, dtype and attributes, in order of first call."""
     groups: dict[tuple, list[float]] = {}
     for op in records:
-        key = (tuple(tuple(s) for s in op.input_shapes), op.dtype)
+        attrs = tuple(sorted((k, v) for k, v in op.attrs.items() if k not in _RUN_ATTRS))
+        key = (tuple(tuple(s) for s in op.input_shapes), op.dtype, attrs)
         groups.setdefault(key, []).append(op.duration_s)
-    return tuple(OpCall(shapes, dtype, len(times) / steps, sum(times) / len(times))
-                 for (shapes, dtype), times in groups.items())
+    return tuple(OpCall(shapes, dtype, len(times) / steps, sum(times) / len(times), attrs)
+                 for (shapes, dtype, attrs), times in groups.items())
 
 
 def _check_workload(workload: Callable, names: list[str]) -> None:

@@ -80,7 +80,7 @@ def test_a_record_is_replaced_only_when_asked(result, tmp_path) -> None:
     result.save_to(path)
     before = path.read_bytes()
     with pytest.raises(KnowledgeBaseError, match=f"{path}: already has a record for FlashAttention "
-                                                  rf"\[1, 32, {SEQ}, 128\] x3 fp16 on ascend910 .*replace=True"):
+                                                  rf"\[1, 32, {SEQ}, 128\] x3 fp16 causal=True on ascend910 .*replace=True"):
         result.save_to(path)
     assert path.read_bytes() == before
     other = KnowledgeBase.load(path)
@@ -197,7 +197,9 @@ def test_oam_tune_save_writes_a_record_and_keeps_it(tmp_path, capsys) -> None:
     (tmp_path / "job.toml").write_text(JOB)
     kb_path = tmp_path / "tuned" / "knowledge_base.json"
     assert main(["tune", str(tmp_path / "job.toml"), "--save", str(kb_path)]) == 0
-    assert f"recorded in {kb_path}: FlashAttention [1, 32, {SEQ}, 128] x3 fp16 on ascend910" in capsys.readouterr().out
+    # the job tunes block_size and pipeline_stages: causal and fusion are the call's fixed attributes
+    assert (f"recorded in {kb_path}: FlashAttention [1, 32, {SEQ}, 128] x3 fp16 causal=True fusion=True on ascend910"
+            in capsys.readouterr().out)
     (record,) = KnowledgeBase.load(kb_path).records
     assert record.workload == "kb_job:attention" and set(record.config) == {"block_size", "pipeline_stages"}
     before = kb_path.read_bytes()
@@ -282,7 +284,7 @@ def test_assert_near_tuned_in_a_test_run(pytester: pytest.Pytester, result) -> N
         f"{record.default.latency_s * 1e6:,.1f} us per call with {{'block_size': 128}}, *% slower than the tuned "
         f"{record.tuned.latency_s * 1e6:,.1f} us (limit 2%); use the tuned configuration {record.config}",
     ])
-    outcome.stdout.fnmatch_lines([f"*no tuned record for {shapes} on ascend910b (simulator *) in *knowledge_base.json*"])
+    outcome.stdout.fnmatch_lines([f"*no tuned record for {shapes} on ascend910b (simulator *) with * in *knowledge_base.json*"])
 
 
 def test_a_stale_record_is_named_in_the_failure(pytester: pytest.Pytester, result) -> None:
@@ -293,7 +295,7 @@ def test_a_stale_record_is_named_in_the_failure(pytester: pytest.Pytester, resul
     outcome = pytester.runpytest("-p", "no:cacheprovider", "-k", "tuned_config")
     outcome.assert_outcomes(failed=1)
     outcome.stdout.fnmatch_lines([
-        (f"*no tuned record for FlashAttention * on ascend910 (simulator {simulator.SIMULATOR_VERSION}) in "
+        (f"*no tuned record for FlashAttention * on ascend910 (simulator {simulator.SIMULATOR_VERSION}) with * in "
          f"*kb/tuned.json; stale records, not used: ascend910, simulator 0.0.1: config {record.config}*"),
     ])
 
@@ -316,3 +318,24 @@ def test_the_committed_knowledge_base_reproduces() -> None:
 
         profile = simulator.run(one_call, hardware=record.hardware)
         assert profile.op_time_s(record.operator) == pytest.approx(record.tuned.latency_s, rel=1e-12)
+
+
+def test_a_record_is_used_only_for_calls_with_its_attributes(tmp_path, result) -> None:
+    # Regression (review): the key left out op attributes, so a causal record judged a
+    # non-causal call of the same shapes (and the other way round).
+    path = tmp_path / "kb.json"
+    record = result.save_to(path)
+    assert record.attrs == {"causal": True}
+
+    def non_causal(npu):
+        q = npu.tensor((1, 32, SEQ, 128))
+        npu.flash_attention(q, q, q, causal=False, **record.config)
+
+    with pytest.raises(TunedGateFailure) as info:
+        assert_near_tuned(simulator.run(non_causal), "FlashAttention", path, limit="50%")
+    message = str(info.value)
+    assert "no tuned record for FlashAttention" in message and "'causal': False" in message
+    assert "records for other attributes, not used: FlashAttention" in message and "causal=True" in message
+    kb = KnowledgeBase.load(path)
+    assert kb.lookup("FlashAttention", shapes=SHAPES, attrs={"causal": False}) is None
+    assert kb.lookup("FlashAttention", shapes=SHAPES, attrs={"causal": True, "block_size": 64}) == record.config
