@@ -392,14 +392,16 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return EXIT_OK
     outcome = replay(record)
     if args.format == "json":
-        print(json.dumps({"nodeid": record.nodeid, "same_as_recorded": outcome.same,
+        print(json.dumps({"nodeid": record.nodeid, "test_outcome": record.test_outcome,
+                          "same_as_recorded": outcome.same,
                           "differences": outcome.differences, "not_replayed_rules": outcome.not_replayed_rules,
                           "gate": outcome.report.model_dump(mode="json")}, indent=2))
     else:
         report = outcome.report
         print(f"replay of {record.nodeid} (recorded {record.created_utc} with pytest-oam "
               f"{record.pytest_oam_version}, simulator {record.simulator_version}): gate status {report.status}"
-              + (", FAILED" if report.failed else ", passed"))
+              + (", the gate FAILED" if report.failed else ", the gate passed")
+              + ("; the test itself FAILED" if record.test_outcome == "failed" else ""))
         if outcome.failure_text:
             print(outcome.failure_text)
         if report.diagnosis:
@@ -411,7 +413,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             print("same verdicts and findings as recorded")
         else:
             print("DIFFERS from the recorded result: " + "; ".join(outcome.differences))
-    return EXIT_FAILED if outcome.report.failed or not outcome.same else EXIT_OK
+        if record.test_outcome == "failed":
+            print("note: the test itself failed when recorded (its own error, not the gate's); "
+                  "the profiles above are what it ran before failing")
+    failed = outcome.report.failed or record.test_outcome == "failed"
+    return EXIT_FAILED if failed or not outcome.same else EXIT_OK
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:

@@ -340,11 +340,12 @@ def summary_html(report: OamReport) -> str:
     passed = len(report.tests) - failed
     verdict = _badge("failed") if failed else _badge("passed")
     counts = ", ".join(f"{n} {_e(s)}" for s, n in sorted(report.status_counts.items())) or "none"
+    # the gate's verdicts only: a test can fail on its own (an assert) and still pass the gate
     head = (f'<p class="summary">{verdict} {len(report.tests)} profiled tests: '
-            f'<span class="count" id="count-passed">{passed}</span> passed, '
-            f'<span class="count" id="count-failed">{failed}</span> failed, '
+            f'<span class="count" id="count-passed">{passed}</span> passed the gate, '
+            f'<span class="count" id="count-failed">{failed}</span> failed it, '
             f'<span class="count" id="count-regressed">{regressed}</span> regressed '
-            f"(gate statuses: {counts})</p>")
+            f"(gate statuses: {counts}; a test's own failures are in pytest's summary)</p>")
     rows = []
     for i, t in enumerate(report.tests):
         link = f'<a href="#test-{i}"><code>{_e(t.nodeid)}</code></a>'

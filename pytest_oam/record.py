@@ -206,13 +206,32 @@ def replay(record: RecordFile) -> Replay:
     Raises:
         RecordError: the record's gate settings cannot be read.
     """
+    import dataclasses
+
+    from pydantic import TypeAdapter
+
     from .evaluate import GateInputs, evaluate_gate
     from .rules import RULES
 
+    unknown = sorted(set(record.gate_inputs) - {f.name for f in dataclasses.fields(GateInputs)})
+    if unknown:
+        raise RecordError(f"record of {record.nodeid}: gate_inputs: unknown setting {', '.join(map(repr, unknown))}")
     try:
-        inputs = GateInputs.from_dict(record.gate_inputs)
-    except TypeError as exc:
-        raise RecordError(f"record of {record.nodeid}: gate_inputs: {exc}") from None
+        inputs = TypeAdapter(GateInputs).validate_python(
+            {**record.gate_inputs, "disabled_rules": tuple(record.gate_inputs.get("disabled_rules", ()))},
+            strict=False)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"])
+        raise RecordError(f"record of {record.nodeid}: gate_inputs.{where}: {err['msg']}") from None
+    for limits in (inputs.marker_thresholds, inputs.cli_thresholds, inputs.ini_thresholds):
+        bad = {op: v for op, v in limits.items() if not 0 <= v < 1e9}
+        if bad:
+            raise RecordError(f"record of {record.nodeid}: gate_inputs: limits must be fractions >= 0, got {bad}")
+    missing = sorted({run.profile.hardware for run in record.runs} - set(record.hardware))
+    if missing:
+        raise RecordError(f"record of {record.nodeid}: its runs name hardware {', '.join(map(repr, missing))} but "
+                          f"it holds specs only for {', '.join(map(repr, sorted(record.hardware))) or 'none'}")
     rules = {rule_id: RULES[rule_id] for rule_id in record.rules if rule_id in RULES}
     missing = [rule_id for rule_id in record.rules if rule_id not in RULES]
     result, text = evaluate_gate(

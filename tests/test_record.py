@@ -315,3 +315,43 @@ def test_bad_collect_ini_value(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*oam_collect (ini): 'sometimes' is not one of auto, offline, online*"])
+
+
+OWN_FAILURE = """
+def mm(npu):
+    a = npu.tensor((1024, 1024))
+    npu.matmul(a, a)
+
+def test_own_failure(oam_profile):
+    oam_profile.run(mm)
+    assert False, "the test's own failure"
+"""
+
+
+def test_a_test_that_fails_by_itself_replays_as_failed(pytester, capsys) -> None:
+    # Regression (review): the replay said "passed" and exited 0 for a test that failed on its own.
+    pytester.makepyfile(test_own=OWN_FAILURE)
+    pytester.runpytest("--oam-baseline", "-p", "no:cacheprovider").assert_outcomes(failed=1)
+    (path,) = records(pytester)
+    assert load_record(path).test_outcome == "failed"
+    code, out, _ = oam_cmd(capsys, "replay", path)
+    assert code == 1
+    assert "the gate passed; the test itself FAILED" in out and "its own error, not the gate's" in out
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["runs"][0]["profile"].update(hardware="foo"), "its runs name hardware 'foo' but it holds specs"),
+    (lambda d: d.update(hardware={}), "its runs name hardware 'ascend910' but it holds specs only for none"),
+    (lambda d: d["gate_inputs"].update(cli_thresholds={"FlashAttention": "50%"}),
+     "gate_inputs.cli_thresholds.FlashAttention: Input should be a valid number"),
+    (lambda d: d["gate_inputs"].update(cli_thresholds=[1]), "gate_inputs.cli_thresholds: Input should be a valid"),
+    (lambda d: d["gate_inputs"].update(bogus=1), "gate_inputs"),
+])
+def test_damaged_gate_settings_are_named_errors(recorded, tmp_path, capsys, edit, message) -> None:
+    # Regression (review): these edits crashed oam replay with a traceback.
+    data = json.loads(gzip.decompress(recorded.read_bytes()))
+    edit(data)
+    bad = tmp_path / "edited.oam.json.gz"
+    bad.write_bytes(gzip.compress(json.dumps(data).encode()))
+    code, out, err = oam_cmd(capsys, "replay", bad)
+    assert code == 2 and out == "" and message in err and "Traceback" not in err
