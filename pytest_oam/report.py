@@ -248,15 +248,33 @@ def failure_text(
     return "\n".join(out)
 
 
+def md_text(text: object) -> str:
+    """``text`` safe in GitHub Markdown prose and table cells: no raw HTML, no column breaks."""
+    import html
+
+    return html.escape(str(text), quote=False).replace("|", "\\|")
+
+
+def md_code(text: object) -> str:
+    """``text`` as a Markdown code span (literal), safe in table cells too."""
+    text = str(text).replace("|", "\\|")
+    fence = "``" if "`" in text else "`"
+    return f"{fence} {text} {fence}" if fence == "``" else f"`{text}`"
+
+
 def summary_table(tests: list[GateReport], fmt: str = "simple") -> str:
+    markdown = fmt == "github"
     rows = []
     for t in tests:
+        nodeid = md_code(t.nodeid) if markdown else t.nodeid
         if not t.runs:
-            rows.append((t.nodeid, "-", "-", "-", t.status, "-"))
+            rows.append((nodeid, "-", "-", "-", t.status, "-"))
             continue
         for r in t.runs:
             top = ", ".join(f"{o.op_type} {fmt_frac(o.share_frac)}" for o in r.top_ops)
-            label = t.nodeid if r.index == 0 else f"  run {r.index + 1}"
+            if markdown:
+                top = md_text(top)
+            label = nodeid if r.index == 0 else f"  run {r.index + 1}"
             rows.append((label, f"{r.hardware} x{r.devices}", fmt_time(r.step_time_s), fmt_rate(r.tokens_per_s),
                          r.status if len(t.runs) > 1 else t.status, top))
     return tabulate(rows, headers=("test", "hardware", "step time", "tokens/s", "gate", "top operators"),
@@ -279,9 +297,9 @@ def markdown_report(report: OamReport) -> str:
         summary_table(report.tests, fmt="github"),
     ]
     for t in failed:
-        lines += ["", f"### {t.status}: `{t.nodeid}`"]
+        lines += ["", f"### {t.status}: {md_code(t.nodeid)}"]
         if t.message:
-            lines += ["", t.message]
+            lines += ["", md_text(t.message)]
         if t.verdicts:
             lines += ["", verdict_table(t.verdicts, fmt="github")]
         lines += findings_markdown(t.findings)
@@ -290,10 +308,11 @@ def markdown_report(report: OamReport) -> str:
         lines += ["", "### Diagnosis", ""]
         for t in diagnosed:
             for d in t.diagnosis:
-                where = f" at `{d.location}`" if d.location else ""
+                where = f" at {md_code(d.location)}" if d.location else ""
                 gain = f"; a fix saves about {fmt_time(d.gain_s)} per step ({fmt_frac(d.step_share_frac)})" if d.gain_s else ""
-                lines.append(f"- **{d.severity}** `{d.rule_id}` {d.op_type}{where} (`{t.nodeid}`): {d.description}{gain}")
-                lines.append(f"  - {d.fix}")
+                lines.append(f"- **{d.severity}** `{d.rule_id}` {md_text(d.op_type)}{where} ({md_code(t.nodeid)}): "
+                             f"{md_text(d.description)}{gain}")
+                lines.append(f"  - {md_text(d.fix)}")
     return "\n".join(lines) + "\n"
 
 
@@ -312,9 +331,10 @@ def findings_markdown(findings: Sequence[Finding | FindingReport]) -> list[str]:
     """One Markdown list item per finding, its advice nested under it."""
     lines = []
     for f in findings:
-        where = "; ".join(site for site, _ in f.call_sites)
-        lines += [f"- **{f.severity}** {f.op_type}: +{fmt_time(f.delta_s)} per step" + (f", at {where}" if where else "")]
-        lines += [f"  - {tip}" for tip in f.advice]
+        where = "; ".join(md_code(site) for site, _ in f.call_sites)
+        lines += [f"- **{f.severity}** {md_text(f.op_type)}: +{fmt_time(f.delta_s)} per step"
+                  + (f", at {where}" if where else "")]
+        lines += [f"  - {md_text(tip)}" for tip in f.advice]
     return lines
 
 

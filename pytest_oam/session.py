@@ -137,6 +137,17 @@ def _check_baseline_dir(folder: Path, must_exist: bool) -> None:
         )
 
 
+def _is_baseline_file(path: Path) -> bool:
+    """Does ``path`` hold a pytest-oam baseline (not a report, which may be replaced)?"""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "runs" in data and "nodeid" in data and "tests" not in data
+
+
 def settings_from_config(config: pytest.Config) -> OamSettings:
     """Resolve and validate the plugin's options.
 
@@ -186,6 +197,13 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
             raise _usage(f"--oam-report: {report} must end in {' or '.join(REPORT_FORMATS)}")
     if any(r.suffix.lower() == ".html" for r in reports):
         _check_matplotlib()
+    for report in reports:
+        for folder in {baseline_dir, save_dir, default_dir} - {None}:
+            if folder.resolve() in report.resolve().parents:
+                raise _usage(f"--oam-report: {report} is inside the baseline folder {folder}; write reports "
+                             "elsewhere (a report there would replace a baseline or be taken for one)")
+        if report.is_file() and report.suffix.lower() == ".json" and _is_baseline_file(report):
+            raise _usage(f"--oam-report: {report} is a baseline file; it is not overwritten by a report")
     prune = bool(opt.oam_prune)
     if prune and save_dir is None:
         raise _usage("--oam-prune: deletes stale baselines only together with --oam-save-baseline")

@@ -602,3 +602,22 @@ def test_disabled_plugin_keeps_the_marker_known(pytester) -> None:
     pytester.makepyfile(test_m="import pytest\n\n@pytest.mark.oam(devices=8)\ndef test_m():\n    pass\n")
     pytester.makepyprojecttoml('[tool.pytest.ini_options]\nmarkers = ["oam: perf gate settings"]\n')
     pytester.runpytest("-p", "no:oam", "--strict-markers").assert_outcomes(passed=1)
+
+
+def test_a_report_never_replaces_a_baseline(pytester: pytest.Pytester) -> None:
+    # Regression (review): --oam-report baselines/x.json overwrote that baseline with a report.
+    make_test(pytester)
+    save(pytester)
+    path = baseline_file(pytester)
+    before = path.read_bytes()
+    result = pytester.runpytest("--oam-baseline", f"--oam-report={path.relative_to(pytester.path)}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--oam-report: *is inside the baseline folder *baselines*"])
+    elsewhere = pytester.path / "kept.json"
+    elsewhere.write_bytes(before)
+    result = pytester.runpytest("--oam-baseline", "--oam-report=kept.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--oam-report: *kept.json is a baseline file; it is not overwritten by a report*"])
+    assert path.read_bytes() == before and elsewhere.read_bytes() == before
+    pytester.runpytest("--oam-baseline", "--oam-report=report.json").assert_outcomes(passed=1)
+    pytester.runpytest("--oam-baseline", "--oam-report=report.json").assert_outcomes(passed=1)  # a report is replaced

@@ -315,3 +315,17 @@ def test_memory_timeline_from_allocator_events_is_bounded() -> None:
     timeline = series_from_profile(many).memory_timeline
     assert len(timeline) <= MEMORY_POINTS
     assert max(p[2] for p in timeline) == max(e.reserved_bytes for e in many.memory_events)  # peaks are kept
+
+
+def test_markdown_report_escapes_test_ids_and_messages() -> None:
+    # Regression (review): a parametrize id with '|' broke the Markdown table and '<script>'
+    # went into the page as raw HTML.
+    from pytest_oam.report import markdown_report
+
+    nodeid = "test_x.py::test[a|b-<script>alert(1)</script>]"
+    text = markdown_report(oam_report(gate(nodeid, "regressed", failed=True, message="<img src=x onerror=y>")))
+    table = [line for line in text.splitlines() if line.startswith("|") and "test_x.py" in line]
+    assert table and all(line.count(" | ") == table[0].count(" | ") for line in table)
+    assert "a\\|b" in table[0] and table[0].count("|") - table[0].count("\\|") == 7  # 6 columns
+    assert "<img" not in text and "&lt;img src=x onerror=y&gt;" in text
+    assert "<script>" not in text.replace(f"`{nodeid.replace('|', chr(92) + '|')}`", "")
