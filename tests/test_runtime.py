@@ -138,7 +138,7 @@ def test_llama2_7b_step_on_8_cards() -> None:
 def test_llama_that_does_not_fit_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"llama-2-70b: .* needs about .* GiB per card; ascend910 has 32.0 GiB"):
         simulator.run(training_step, LLAMA2_70B, devices=8)
-    with pytest.raises(ValueError, match=r"layout tp=2 x dp=2 needs 4 cards, the job has 8"):
+    with pytest.raises(ValueError, match=r"layout tp=2 x dp=2 x pp=1 needs 4 cards, the job has 8"):
         simulator.run(training_step, devices=8, layout=ParallelLayout(2, 2))
 
 
