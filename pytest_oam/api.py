@@ -360,6 +360,9 @@ class ComparisonReport:
     baseline_run: RunBaseline | None = None
     current_run: RunBaseline | None = None
     limits: dict[str, float] = field(default_factory=dict)
+    #: The diagnosis rules over the current profile (:mod:`pytest_oam.rules`): all of them for a
+    #: simulated profile, those that need no hardware spec for an imported real one.
+    diagnosis: list = field(default_factory=list)
 
     @property
     def has_regression(self) -> bool:
@@ -393,6 +396,10 @@ class ComparisonReport:
         lines += [f"note: {r}" for r in self.comparison.reasons + self.noise_notes()]
         if self.findings:
             lines += ["diagnosis:", findings_text(self.findings)]
+        if self.diagnosis:
+            lines += ["rules:"] + [f"  [{d.severity}] {d.rule_id}: {d.op_type}"
+                                   + (f" at {d.location}" if d.location else "") + f": {d.description}\n"
+                                   f"      what to do: {d.fix}" for d in self.diagnosis]
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -405,6 +412,12 @@ class ComparisonReport:
             "verdicts": [vars(v) for v in self.comparison.verdicts],
             "reasons": self.comparison.reasons,
             "notes": self.noise_notes(),
+            "diagnosis": [
+                {"rule_id": d.rule_id, "severity": d.severity, "op_type": d.op_type, "op_name": d.op_name,
+                 "location": d.location, "description": d.description, "fix": d.fix, "gain_s": d.gain_s,
+                 "step_share_frac": d.step_share_frac}
+                for d in self.diagnosis
+            ],
             "findings": [
                 {"op_type": f.op_type, "kind": f.kind, "severity": f.severity, "delta_s": f.delta_s,
                  "call_sites": f.call_sites, "advice": f.advice,
@@ -420,6 +433,11 @@ class ComparisonReport:
         lines = [f"**{self.status}**", "", verdict_table(self.comparison.verdicts, fmt="github")]
         lines += [f"- note: {r}" for r in self.comparison.reasons + self.noise_notes()]
         lines += findings_markdown(self.findings)
+        from .report import md_code, md_text
+
+        lines += [f"- **{d.severity}** `{d.rule_id}` {md_text(d.op_type)}"
+                  + (f" at {md_code(d.location)}" if d.location else "") + f": {md_text(d.description)}\n"
+                  f"  - {md_text(d.fix)}" for d in self.diagnosis]
         return "\n".join(lines) + "\n"
 
 
@@ -494,8 +512,16 @@ def compare_profiles(
     if base_profile is not None and current_profile is not None:
         comparison = apply_significance(comparison, base_profile, current_profile, alpha)
     findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops)
+    rules = []
+    if current_profile is not None:
+        from simulator.hardware import list_hardware, load_hardware
+
+        from .rules import run_rules
+
+        spec = load_hardware(current_profile.hardware) if current_profile.hardware in list_hardware() else None
+        rules = run_rules(current_profile, spec)
     return ComparisonReport(comparison.status, comparison, findings, base_run, current_run,
-                            {"default": limit, "FlashAttention*": flash, **per_op})
+                            {"default": limit, "FlashAttention*": flash, **per_op}, rules)
 
 # -- profile files --------------------------------------------------------------------------
 

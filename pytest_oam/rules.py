@@ -88,18 +88,24 @@ LOW_OVERLAP_FRAC = 0.5
 
 @dataclass(frozen=True)
 class Rule:
+    """A registered rule. ``needs_hardware``: it reads ``ctx.hardware`` (a spec of a simulated
+    card), so it does not run on imported real profiles, which have none."""
+
     id: str
     title: str
     function: RuleFunction
     thresholds: dict[str, float] = field(default_factory=dict)
+    needs_hardware: bool = True
 
 
 #: Every rule by id. Add to it with :func:`rule` (or the ``pytest_oam_register_rules`` hook).
 RULES: dict[str, Rule] = {}
 
 
-def rule(rule_id: str, title: str, **thresholds: float) -> Callable[[RuleFunction], RuleFunction]:
-    """Register a rule function under ``rule_id`` with its default thresholds.
+def rule(rule_id: str, title: str, *, needs_hardware: bool = True,
+         **thresholds: float) -> Callable[[RuleFunction], RuleFunction]:
+    """Register a rule function under ``rule_id`` with its default thresholds; a rule that does
+    not read ``ctx.hardware`` says ``needs_hardware=False`` and then also runs on real profiles.
 
     Raises:
         ValueError: the id is taken.
@@ -108,7 +114,7 @@ def rule(rule_id: str, title: str, **thresholds: float) -> Callable[[RuleFunctio
     def register(function: RuleFunction) -> RuleFunction:
         if rule_id in RULES:
             raise ValueError(f"a diagnosis rule {rule_id!r} is already registered")
-        RULES[rule_id] = Rule(rule_id, title, function, dict(thresholds))
+        RULES[rule_id] = Rule(rule_id, title, function, dict(thresholds), needs_hardware)
         return function
 
     return register
@@ -143,7 +149,8 @@ def _by_call_site(ops: Iterable[OpRecord]) -> dict[tuple[str, str | None], list[
 # -- performance rules ----------------------------------------------------------------------------
 
 
-@rule("slow-op", "Operator abnormally slow against others of its type and shape", factor=2.0, min_excess_s=20e-6)
+@rule("slow-op", "Operator abnormally slow against others of its type and shape", factor=2.0, min_excess_s=20e-6,
+      needs_hardware=False)
 def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
     """An op call much slower than the median of the calls with the same type, shapes, dtype
     and attributes in the same run (a straggling kernel, a stall before it)."""
@@ -236,7 +243,8 @@ def memory_bound_op(ctx: RuleContext) -> Iterable[RuleFinding]:
             yield found
 
 
-@rule("low-overlap", "DMA and compute not overlapped", overlap_frac=0.5, min_duration_s=20e-6)
+@rule("low-overlap", "DMA and compute not overlapped", overlap_frac=0.5, min_duration_s=20e-6,
+      needs_hardware=False)
 def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Ops whose DMA/compute overlap (``overlap_frac``: the share of the time the kernel's units
     could have worked at once in which they did, stalls for memory counting as lost) is below
@@ -266,7 +274,8 @@ def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
             yield found
 
 
-@rule("frequent-alloc", "Frequent allocation and free, allocation retries", alloc_time_s=10e-3)
+@rule("frequent-alloc", "Frequent allocation and free, allocation retries", alloc_time_s=10e-3,
+      needs_hardware=False)
 def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Steps whose allocator time exceeds ``alloc_time_s`` (msprof-analyze advisor's 10 ms mark)
     or that retried an allocation after flushing the cache (a device synchronisation)."""
@@ -305,7 +314,8 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
     )
 
 
-@rule("comm-share", "Communication not overlapped with compute", share_frac=0.2, small_message_bytes=1 << 20)
+@rule("comm-share", "Communication not overlapped with compute", share_frac=0.2, small_message_bytes=1 << 20,
+      needs_hardware=False)
 def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Collectives whose exposed time (on the HCCL stream while no compute op runs, not counting
     waits for other ranks) takes more than ``share_frac`` of the step, with their overlap,
@@ -342,7 +352,7 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
 _P2P_TYPES = ("Send", "Receive")
 
 
-@rule("pipeline-bubble", "Pipeline stages idle waiting for each other", share_frac=0.1)
+@rule("pipeline-bubble", "Pipeline stages idle waiting for each other", share_frac=0.1, needs_hardware=False)
 def pipeline_bubble(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Point-to-point receives that waited (the 1F1B pipeline bubble: a stage waiting for the
     activations or gradients of its neighbours) for more than ``share_frac`` of the step."""
@@ -363,7 +373,7 @@ def pipeline_bubble(ctx: RuleContext) -> Iterable[RuleFinding]:
         yield found
 
 
-@rule("comm-wait", "Collectives waiting for a slower rank", share_frac=0.03)
+@rule("comm-wait", "Collectives waiting for a slower rank", share_frac=0.03, needs_hardware=False)
 def comm_wait(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Collectives that waited for other ranks to arrive (``attrs["wait_time_s"]``: simulated
     stragglers, or a real profile's communication.json Wait Time) for more than ``share_frac``
@@ -431,7 +441,7 @@ def slow_link(ctx: RuleContext) -> Iterable[RuleFinding]:
 
 def run_rules(
     profile: Profile,
-    hardware: HardwareSpec,
+    hardware: HardwareSpec | None,
     *,
     disabled: Iterable[str] = (),
     thresholds: Mapping[str, Mapping[str, float]] | None = None,
@@ -440,7 +450,8 @@ def run_rules(
     """Every enabled rule over ``profile``, findings ordered by gain (fatal first).
 
     ``thresholds`` overrides defaults per rule id (``{"slow-op": {"factor": 3}}``). A rule
-    that raises yields an ``internal-error`` finding naming it; the others still run.
+    that raises yields an ``internal-error`` finding naming it; the others still run. Without
+    ``hardware`` (an imported real profile) the rules that need a hardware spec are skipped.
 
     Raises:
         ValueError: an unknown rule id in ``disabled`` or ``thresholds``, or an unknown
@@ -456,7 +467,7 @@ def run_rules(
     if profile.is_empty:
         return findings
     for rule_id, spec in registry.items():
-        if rule_id in off:
+        if rule_id in off or (hardware is None and getattr(spec, "needs_hardware", True)):
             continue
         values = dict(spec.thresholds)
         for name, value in overrides.get(rule_id, {}).items():

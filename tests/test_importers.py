@@ -313,3 +313,20 @@ def test_a_clear_change_with_enough_samples_is_a_regression(tmp_path) -> None:
     few_base = _multi_step_csv(tmp_path / "few_b.csv", {"MatMul": 500, "Add": 100}, 4, seed=1, noise_frac=0.15)
     verdicts = oam.compare_profiles(load_any(few_base), load_any(few)).comparison.verdicts
     assert all(v.status != "not-significant" for v in verdicts)  # 4 steps < 5 samples: not tested
+
+
+def test_real_profiles_get_the_rules_that_need_no_hardware_spec(capsys) -> None:
+    # Regression (review): communication.json was imported but fed no verdict or finding.
+    report = oam.compare_profiles(load_any(FOLDER1), load_any(FOLDER1))
+    found = {d.rule_id: d for d in report.diagnosis}
+    # 4 allReduce ops: 105.99 ms elapsed, 5.94 ms of it waiting (communication.json "Total Op
+    # Info"); the step is 136.6 ms of device tasks
+    assert found["comm-wait"].severity == "warning" and "waited 5.94 ms per step" in found["comm-wait"].description
+    assert found["comm-share"].severity == "serious" and "100.05 ms per step" in found["comm-share"].description
+    assert not {"low-ai-core-utilization", "memory-bound", "slow-link"} & set(found)  # they need a spec
+    assert json.loads(report.to_json())["diagnosis"][0]["rule_id"] == "comm-share"
+    assert main(["compare", str(FOLDER1), str(FOLDER1)]) == 0
+    assert "[warning] comm-wait: hcom_allReduce_" in capsys.readouterr().out
+    # the kernel_details.csv alone has no communication data: no communication finding
+    plain = oam.compare_profiles(load_any(LEVEL1), load_any(LEVEL1))
+    assert not {"comm-wait", "comm-share"} & {d.rule_id for d in plain.diagnosis}
