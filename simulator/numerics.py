@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .units import FP16_MAX
+
 #: dtypes a tensor can carry data in, with the numpy dtype the data is stored as (bf16 is
 #: stored as float32 holding bfloat16-rounded values).
 DATA_DTYPES: dict[str, type[np.generic]] = {
@@ -34,9 +36,6 @@ DATA_DTYPES: dict[str, type[np.generic]] = {
     "fp32": np.float32,
     "int32": np.int32,
 }
-#: The largest finite fp16 value, the 910's saturation bound (an IEEE format fact, not a
-#: hardware figure).
-FP16_MAX = float(np.finfo(np.float16).max)
 #: Epsilon inside the square root of the normalisations (torch's LayerNorm default; Llama's
 #: RMSNorm uses 1e-6, the difference is invisible at fp16).
 NORM_EPS = 1e-5
