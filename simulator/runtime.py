@@ -36,7 +36,7 @@ class ShapeError(ValueError):
     """An operator was called with shapes or arguments it cannot work with."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class Tensor:
     """A device tensor: shape (elements per axis) and dtype name.
 
@@ -55,6 +55,16 @@ class Tensor:
     dtype: str = "fp16"
     data: np.ndarray | None = field(default=None, repr=False)
     producer_index: int | None = field(default=None, repr=False)
+
+    def __init__(self, shape: tuple[int, ...], dtype: str = "fp16", data: np.ndarray | None = None,
+                 producer_index: int | None = None) -> None:
+        # Written into __dict__: the generated __init__ of a frozen dataclass pays one
+        # object.__setattr__ per field, and every op makes tensors (the simulator's hot path).
+        fields = self.__dict__
+        fields["shape"] = shape
+        fields["dtype"] = dtype
+        fields["data"] = data
+        fields["producer_index"] = producer_index
 
     @property
     def numel(self) -> int:
@@ -984,8 +994,10 @@ class NPU:
         values = checks = None
         if x.data is not None:
             values, checks = self._compute(op_type, (x, *others), x.dtype, out_shape)
-        self._emit(op_type, (Tensor(tuple(out_shape), x.dtype), *others), x.dtype, name, checks=checks)
-        return self._out(out_shape, x.dtype, values)
+        # the output costs the op (it is the largest operand); its record is the next one
+        out = Tensor(tuple(out_shape), x.dtype, None if values is None else values.data, len(self._records))
+        self._emit(op_type, (out, *others), x.dtype, name, checks=checks)
+        return self._allocate(out)
 
     def add(self, a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
         """a + b (op type ``Add``); b may be a's shape or its last axis."""
