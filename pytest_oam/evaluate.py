@@ -214,14 +214,16 @@ def evaluate_gate(
     path = inputs.baseline_path
     compared_nothing = any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiles)
     fatal = [d for d in diagnosis if d.severity == "fatal"]
-    failed = gate_fails(status, compared_nothing, inputs.strict, inputs.fail_on_improvement) or bool(fatal)
+    gate_failed = gate_fails(status, compared_nothing, inputs.strict, inputs.fail_on_improvement)
+    failed = gate_failed or bool(fatal)
     report = GateReport(nodeid=inputs.nodeid, status=status, failed=failed, baseline_path=path,
                         message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,
                         diagnosis=diagnosis)
     result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
     if inputs.saving and summaries and all(s is not None for s in summaries):
         result["baseline"] = BaselineFile(nodeid=inputs.nodeid, runs=summaries).model_dump(mode="json")
-    text = failure_text(inputs.nodeid, status, path, parts, notes) if failed else None
-    if fatal:
-        text = (text + "\n\n" if text else "") + diagnosis_text(fatal)
+    text = failure_text(inputs.nodeid, status, path, parts, notes) if gate_failed else None
+    if fatal:  # correctness: fails the test whatever the gate says, baseline or not
+        header = f"oam diagnosis: {len(fatal)} fatal finding{'s' if len(fatal) > 1 else ''} in {inputs.nodeid}"
+        text = (text + "\n\n" if text else "") + header + "\n" + diagnosis_text(fatal)
     return result, text

@@ -4,7 +4,9 @@ Each rule reads a :class:`RuleContext` (the profile, the hardware, the rule's th
 returns :class:`RuleFinding` objects: rule id, severity, op, location in the user's code,
 evidence, what to do and the time a fix would save. Performance findings are graded by that
 gain as a share of the step time (:data:`SERIOUS_STEP_FRAC`, :data:`WARNING_STEP_FRAC`);
-smaller ones are not reported, so a healthy run stays quiet. Every threshold lives in its
+smaller ones are not reported, so a healthy run stays quiet. Correctness findings (NaN/Inf,
+fp16 overflow, shape mismatch, out-of-bounds views, read from ``OpRecord.checks``) are
+``fatal``: they fail the test even without a baseline. Every threshold lives in its
 rule's ``thresholds`` and can be changed per project (ini ``oam_rule_thresholds``); rules can
 be switched off (``oam_disable_rules``); projects add their own with :func:`rule` or the
 ``pytest_oam_register_rules`` hook. A rule that raises becomes an ``internal-error`` finding
@@ -25,6 +27,7 @@ from typing import Literal
 
 from simulator.hardware import HardwareSpec
 from simulator.profile import OpRecord, Profile
+from simulator.units import FP16_MAX
 
 from .diagnosis import memory_bound, shape_findings
 
@@ -434,6 +437,100 @@ def slow_link(ctx: RuleContext) -> Iterable[RuleFinding]:
     )
     if found:
         yield found
+
+
+# -- correctness rules (fatal) ---------------------------------------------------------------------
+
+
+def _fatal(rule_id: str, op: OpRecord, description: str, fix: str) -> RuleFinding:
+    return RuleFinding(rule_id, "fatal", op.op_type, op.name, op.source, description, fix, 0.0, 0.0)
+
+
+def _calls(ops: list[OpRecord]) -> str:
+    return f"; {len(ops)} calls at this line" if len(ops) > 1 else ""
+
+
+@rule("nan-inf", "NaN or Inf in an operator's output")
+def nan_inf(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """The first op (in issue order) whose computed output holds NaN or Inf: where they appear.
+    The ops after it that carry them on are counted, not reported one by one."""
+    bad = [op for op in ctx.profile.ops if op.checks is not None and (op.checks.nan_count or op.checks.inf_count)]
+    if not bad:
+        return
+    first, later = bad[0], bad[1:]
+    c = first.checks
+    largest = f", largest finite |value| {c.max_abs_value:.6g}" if c.max_abs_value is not None else ""
+    description = (
+        f"{first.name} ({first.dtype}, output {c.output_shape}) produced {c.nan_count} NaN and {c.inf_count} Inf "
+        f"of {math.prod(c.output_shape)} elements{largest} in step {first.step}, the first op of the run whose "
+        "output holds them")
+    if later:
+        sites = len({(op.op_type, op.source) for op in later})
+        description += f"; later op calls that carry them on: {len(later)}, at {sites} call sites"
+    yield _fatal(
+        "nan-inf", first, description,
+        "find what makes them here: Inf - Inf, 0/0, exp or products of large values, an Inf input (fp16 holds "
+        "no |x| above 65504: check data given to npu.from_numpy); subtract the row max before exp, keep sums "
+        "and normalisations in fp32, add an epsilon to divisions",
+    )
+
+
+@rule("fp16-overflow", "fp16 overflow: results saturated to +-65504")
+def fp16_overflow(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Call sites whose fp16 results overflowed: the 910 saturates them to +-65504 (its default
+    mode) instead of producing Inf, so the run goes on with wrong values."""
+    sites = _by_call_site(op for op in ctx.profile.ops if op.checks is not None and op.checks.saturated_count)
+    for ops in sites.values():
+        op = max(ops, key=lambda o: o.checks.saturated_count)
+        c = op.checks
+        largest = (f" (largest |value| {c.max_abs_value:.6g} before the cast, {c.max_abs_value / FP16_MAX:.3g}x "
+                   f"the fp16 limit)" if c.max_abs_value is not None else "")
+        yield _fatal(
+            "fp16-overflow", op,
+            f"{op.name}: {c.saturated_count} of {math.prod(c.output_shape)} elements of its fp16 output "
+            f"{c.output_shape} overflowed and were saturated to +-{FP16_MAX:g}{largest} in step {op.step}{_calls(ops)}",
+            "compute this op in bf16 or fp32 (npu.cast its inputs), or scale its inputs down (loss scaling, "
+            "normalise before the matmul, smaller initial weights)",
+        )
+
+
+@rule("shape-mismatch", "Operator output shape differs from the declared shape")
+def shape_mismatch(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Call sites whose output shape differs from the shape the workload declared for it
+    (``npu.expect_shape``)."""
+    sites = _by_call_site(op for op in ctx.profile.ops if op.checks is not None
+                          and op.checks.declared_shape is not None
+                          and op.checks.declared_shape != op.checks.output_shape)
+    for ops in sites.values():
+        op = ops[0]
+        c = op.checks
+        yield _fatal(
+            "shape-mismatch", op,
+            f"{op.name} returns {c.output_shape} ({math.prod(c.output_shape)} elements) but the workload declared "
+            f"{c.declared_shape} ({math.prod(c.declared_shape)} elements); inputs {op.input_shapes}{_calls(ops)}",
+            "check the operands: a transpose flag, the order of the axes, a reshape that is missing or wrong, "
+            "the weight's layout (out_features, in_features) against (in_features, out_features)",
+        )
+
+
+@rule("out-of-bounds", "View or DMA reaching past its allocation")
+def out_of_bounds(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Call sites of views (``npu.view``) that reach past the end of their tensor's allocation:
+    on the device they read or overwrite whatever lies beyond it."""
+    sites = _by_call_site(op for op in ctx.profile.ops if op.checks is not None and op.checks.out_of_bounds_elements)
+    for ops in sites.values():
+        op = max(ops, key=lambda o: o.checks.out_of_bounds_elements)
+        c = op.checks
+        base = op.input_shapes[0] if op.input_shapes else []
+        offset = op.attrs.get("offset_elements", 0)
+        yield _fatal(
+            "out-of-bounds", op,
+            f"{op.name}: a {c.output_shape} view ({math.prod(c.output_shape)} elements) at offset {offset} into a "
+            f"{base} tensor of {math.prod(base)} elements reaches {c.out_of_bounds_elements} elements "
+            f"past its allocation{_calls(ops)}",
+            "fix the view's offset or shape: offset + elements must stay within the tensor (torch raises "
+            "'setStorage: ... out of bounds'); slice with the tensor's own strides instead of raw offsets",
+        )
 
 
 # -- running the rules ---------------------------------------------------------------------------

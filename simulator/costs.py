@@ -739,6 +739,13 @@ def p2p_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     )
 
 
+def view_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """A view (``View``): new shape and offset over an existing allocation, host metadata only;
+    no kernel runs, nothing moves, so it takes no device time."""
+    return OpCost(duration_s=0.0, flop=0.0, hbm_bytes=0.0, l2_bytes=0.0, block_dim=0, dma_count=0,
+                  ai_core_util_frac=0.0, mac_ratio=0.0, vec_ratio=0.0, mte2_ratio=0.0, kernel_count=0)
+
+
 CostModel = Callable[[OpSpec, HardwareSpec], OpCost]
 
 #: One registry keyed by op type.
@@ -759,6 +766,7 @@ COST_MODELS: dict[str, CostModel] = {
     "AllToAll": collective_cost,
     "Send": p2p_cost,
     "Receive": p2p_cost,
+    "View": view_cost,
     **{op_type: vector_cost for op_type in VECTOR_PROFILES},
 }
 

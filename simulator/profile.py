@@ -28,6 +28,30 @@ class CommInfo(BaseModel):
     ranks: list[NonNegativeInt] = Field(default_factory=list, description="Global ranks of the group, when known")
 
 
+class OpChecks(BaseModel):
+    """What an op's output showed, for the correctness rules (counts of elements).
+
+    Values (``nan_count`` ... ``max_abs_value``) are known when the op computed on tensors
+    with data (:meth:`simulator.runtime.NPU.from_numpy`); ``declared_shape`` when the workload
+    declared the output's shape (:meth:`~simulator.runtime.NPU.expect_shape`);
+    ``out_of_bounds_elements`` for a view (:meth:`~simulator.runtime.NPU.view`).
+    """
+
+    model_config = _RECORD_CONFIG
+    output_shape: list[NonNegativeInt] = Field(description="Shape of the op's output (of its last output)")
+    nan_count: NonNegativeInt = Field(default=0, description="NaN elements in the stored output")
+    inf_count: NonNegativeInt = Field(default=0, description="+-Inf elements in the stored output")
+    saturated_count: NonNegativeInt = Field(
+        default=0, description="Finite results too large for fp16, saturated to +-65504 (the 910's default mode)")
+    max_abs_value: NonNegativeFloat | None = Field(
+        default=None, description="Largest finite absolute value as computed in float32, before the cast to the "
+        "output dtype; None when no values were computed or none is finite")
+    declared_shape: list[NonNegativeInt] | None = Field(
+        default=None, description="Output shape the workload declared (npu.expect_shape)")
+    out_of_bounds_elements: NonNegativeInt = Field(
+        default=0, description="Elements a view reaches past the end of its tensor's allocation")
+
+
 class OpRecord(BaseModel):
     """One operator execution on the device.
 
@@ -69,6 +93,8 @@ class OpRecord(BaseModel):
         default=0.0, description="The most time they could have worked at once (all but the longest unit)")
     overlap_frac: float | None = Field(
         default=None, ge=0, le=1, description="DMA/compute overlap: overlapped_s / (overlappable_s + alloc_stall_s)")
+    checks: OpChecks | None = Field(
+        default=None, description="Output values, declared shape or view bounds, when known (correctness rules)")
 
 
 class StepMemory(BaseModel):
@@ -218,7 +244,8 @@ class Profile(BaseModel):
 
         ``focus`` is an op type or a glob pattern over op types (``"FlashAttention*"`` takes
         the backward kernels too). Each matching op and the ``context_ops`` ops issued before
-        and after it keep their full :class:`OpRecord`; the others are aggregated per step, op
+        and after it keep their full :class:`OpRecord`, and so does every op with ``checks`` (the
+        correctness rules need them); the others are aggregated per step, op
         type and stream into :class:`OpSummary` rows, so step and op-type times (and the gate's
         verdicts) stay exactly those of the full profile.
 
@@ -232,7 +259,7 @@ class Profile(BaseModel):
         if not hits:
             raise ValueError(f"focus {focus!r} matches no op type of the profile; there are: "
                              f"{', '.join(sorted(self.op_types))}")
-        keep = [False] * len(self.ops)
+        keep = [op.checks is not None for op in self.ops]  # correctness facts are never aggregated away
         for i in hits:
             for j in range(max(0, i - context_ops), min(len(self.ops), i + context_ops + 1)):
                 keep[j] = True

@@ -2,7 +2,9 @@
 
 A workload is a plain function ``workload(npu, *args, **kwargs)``. Each operator call builds
 an :class:`~simulator.costs.OpSpec`, costs it through :func:`~simulator.costs.op_cost`, and
-appends an op record to the device timeline. Tensors carry shape and dtype only.
+appends an op record to the device timeline. Tensors carry shape and dtype only, unless made
+with :meth:`NPU.from_numpy`: those carry data, and operators on them compute their result
+(:mod:`simulator.numerics`) and record what its values showed (``OpRecord.checks``).
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ import os
 import sys
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import __version__ as SIMULATOR_VERSION
 from . import callbacks as _callbacks
+from . import numerics
 from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
 from .costs import OpCost, OpSpec, conv_output_hw, op_cost
 from .hardware import HardwareSpec, load_hardware
-from .profile import CommInfo, MemoryRecord, OpRecord, Profile, StepMemory
+from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory
 from .units import DTYPE_BYTES
 
 _RUNTIME_FILE = os.path.normcase(os.path.abspath(__file__))
@@ -33,17 +36,35 @@ class ShapeError(ValueError):
     """An operator was called with shapes or arguments it cannot work with."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class Tensor:
-    """A device tensor: shape (elements per axis) and dtype name; no data.
+    """A device tensor: shape (elements per axis) and dtype name.
 
     Tensors made by an :class:`NPU` hold device memory from its caching allocator until the
     Python object is garbage-collected (or :meth:`NPU.free` is called). Two tensors are equal
     only if they are the same object, as device buffers are.
+
+    ``data`` is ``None`` (shape only, the default and the fast path) unless the tensor was made
+    with :meth:`NPU.from_numpy` or computed from such tensors: then it is a numpy array of
+    ``shape`` in the storage of :data:`simulator.numerics.DATA_DTYPES` (read it with
+    :meth:`NPU.to_numpy`). ``producer_index`` is the index of the op record that produced the
+    tensor (``None``: made by :meth:`NPU.tensor` or :meth:`NPU.from_numpy`).
     """
 
     shape: tuple[int, ...]
     dtype: str = "fp16"
+    data: np.ndarray | None = field(default=None, repr=False)
+    producer_index: int | None = field(default=None, repr=False)
+
+    def __init__(self, shape: tuple[int, ...], dtype: str = "fp16", data: np.ndarray | None = None,
+                 producer_index: int | None = None) -> None:
+        # Written into __dict__: the generated __init__ of a frozen dataclass pays one
+        # object.__setattr__ per field, and every op makes tensors (the simulator's hot path).
+        fields = self.__dict__
+        fields["shape"] = shape
+        fields["dtype"] = dtype
+        fields["data"] = data
+        fields["producer_index"] = producer_index
 
     @property
     def numel(self) -> int:
@@ -81,6 +102,10 @@ def _check_dtype(op: str, dtype: str) -> str:
     return dtype
 
 
+def _keep_alive(*_: object) -> None:
+    """Finalizer of a view: holding its base tensor as an argument keeps the base alive."""
+
+
 def _call_site() -> str | None:
     """``file:line`` of the first frame outside this module (the user's call)."""
     frame = sys._getframe(2)
@@ -101,7 +126,7 @@ def _overlap(overlapped_s: float, overlappable_s: float, stall_s: float) -> floa
 def _make_record(
     hw: HardwareSpec, spec: OpSpec, cost: OpCost, *, name: str, step: int, stream: str, start_s: float,
     scale: float, stall_s: float, alloc_count: int, alloc_retries: int, device_frees: int, device_mallocs: int,
-    source: str | None, wait_s: float = 0.0,
+    source: str | None, wait_s: float = 0.0, checks: OpChecks | None = None,
 ) -> OpRecord:
     """The record of one op: its cost on ``hw``, scaled by ``scale`` (fault injection), plus the
     memory stall ``stall_s`` that preceded the kernel and, for a collective, the time
@@ -153,6 +178,7 @@ def _make_record(
         overlapped_s=cost.overlapped_s * scale,
         overlappable_s=cost.overlappable_s * scale,
         overlap_frac=_overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if stream == "compute" else None,
+        checks=checks,
     )
 
 
@@ -166,7 +192,8 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
     for, and every step starting synchronised. Waits for slower ranks are kept as recorded.
     Memory is not
     simulated again: each op keeps its recorded allocation stall, and the memory statistics
-    and events are carried over unchanged. A profile recorded online keeps its per-op overhead.
+    and events are carried over unchanged, as are the ops' ``checks`` (values do not depend on
+    the hardware's speed). A profile recorded online keeps its per-op overhead.
 
     Raises:
         ValueError: unknown hardware; a focused profile (its aggregated ops have no shapes); an
@@ -210,7 +237,7 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
             spec_hw, spec, cost, name=op.name, step=op.step, stream=op.stream, start_s=start_s,
             scale=scale.get(op.op_type, 1.0), stall_s=op.alloc_stall_s, alloc_count=op.alloc_count,
             alloc_retries=op.alloc_retries, device_frees=op.device_frees, device_mallocs=op.device_mallocs,
-            source=op.source, wait_s=float(op.attrs.get("wait_time_s", 0.0)),
+            source=op.source, wait_s=float(op.attrs.get("wait_time_s", 0.0)), checks=op.checks,
         )
         records.append(record)
         end_s = start_s + record.duration_s
@@ -365,6 +392,117 @@ class NPU:
         self._allocate(tensor, charge_last=False)
         return tensor
 
+    def from_numpy(self, array: object, dtype: str = "fp16") -> Tensor:
+        """A device tensor holding a copy of ``array``'s values converted to ``dtype``.
+
+        The conversion is the host's, as ``torch.from_numpy(a).to(dtype)``: fp16 through numpy
+        ``float16`` (round to nearest even; a value beyond +-65504 becomes +-Inf, no
+        saturation here), bf16 by rounding float32 to bfloat16 with round-to-nearest-even on
+        the top 16 bits (:func:`simulator.numerics.round_bf16`, kept in a float32 array), fp32
+        as float32, int32 by numpy's ``astype`` (floats truncated toward zero). Operators on
+        tensors with data compute their results (see :mod:`simulator.numerics`); the shape is
+        ``array``'s, memory is allocated as :meth:`tensor` does, and no op is recorded.
+
+        Raises:
+            ShapeError: ``dtype`` is not fp16, bf16, fp32 or int32; ``array`` is not numeric
+                (bool, int, float) or has no elements or no axis.
+            OutOfMemoryError: as :meth:`tensor`.
+        """
+        if dtype not in numerics.DATA_DTYPES:
+            raise ShapeError(f"from_numpy: dtype {dtype!r} cannot carry data; use one of "
+                             f"{', '.join(numerics.DATA_DTYPES)}")
+        source = np.asarray(array)
+        if source.dtype.kind not in "biuf":
+            raise ShapeError(f"from_numpy: array must hold numbers, got numpy dtype {source.dtype}")
+        shape = _check_shape("from_numpy", source.shape)
+        if dtype == "bf16":
+            data = numerics.round_bf16(source.astype(np.float32))
+        else:
+            with np.errstate(all="ignore"):
+                data = source.astype(numerics.DATA_DTYPES[dtype])  # astype copies
+        tensor = Tensor(shape, dtype, data)
+        self._allocate(tensor, charge_last=False)
+        return tensor
+
+    @staticmethod
+    def to_numpy(tensor: Tensor) -> np.ndarray:
+        """A copy of ``tensor``'s data (numpy float16 for fp16, float32 for bf16 and fp32, int32).
+
+        Raises:
+            ShapeError: ``tensor`` is not a Tensor.
+            ValueError: ``tensor`` carries no data: only tensors made with :meth:`from_numpy`
+                and the results of ops computed on them do (op types with a reference kernel in
+                :data:`simulator.numerics.KERNELS`, every input carrying data).
+        """
+        _check_tensors("to_numpy", tensor=tensor)
+        if tensor.data is None:
+            raise ValueError(
+                f"to_numpy: {tensor!r} carries no data: only tensors made with npu.from_numpy and the results "
+                f"of ops whose inputs all carry data do (op types that compute: {', '.join(numerics.KERNELS)})")
+        return tensor.data.copy()
+
+    def expect_shape(self, tensor: Tensor, shape: Sequence[int]) -> Tensor:
+        """Declare that ``tensor``, an operator's output, should have ``shape``; returns ``tensor``.
+
+        A mismatch is recorded, not raised: the record of the op that produced ``tensor`` gets
+        ``checks.declared_shape`` and ``checks.output_shape``, and the ``shape-mismatch`` rule
+        reports that op at its call site. When several outputs of one op are checked, a
+        mismatch stays recorded over later matches.
+
+        Raises:
+            ShapeError: ``tensor`` is not a Tensor, ``shape`` is not a shape.
+            ValueError: ``tensor`` was not produced by an operator of this NPU (made by
+                :meth:`tensor` or :meth:`from_numpy`).
+        """
+        _check_tensors("expect_shape", tensor=tensor)
+        declared = _check_shape("expect_shape", shape)
+        index = tensor.producer_index
+        if index is None or index >= len(self._records):
+            raise ValueError(f"expect_shape: {tensor!r} was not produced by an operator of this NPU "
+                             "(tensors made with npu.tensor or npu.from_numpy have the shape they were given)")
+        record = self._records[index]
+        old = record.checks
+        if old is not None and old.declared_shape is not None and old.declared_shape != old.output_shape:
+            return tensor  # keep the mismatch already recorded
+        update = {"output_shape": list(tensor.shape), "declared_shape": list(declared)}
+        checks = old.model_copy(update=update) if old is not None else OpChecks.model_construct(
+            nan_count=0, inf_count=0, saturated_count=0, max_abs_value=None, out_of_bounds_elements=0, **update)
+        self._records[index] = record.model_copy(update={"checks": checks})
+        return tensor
+
+    def view(self, tensor: Tensor, offset_elements: int, shape: Sequence[int], *, name: str | None = None) -> Tensor:
+        """A tensor of ``shape`` over ``tensor``'s allocation from element ``offset_elements``
+        (op type ``View``: host metadata, no kernel, zero device time).
+
+        A view that reaches past the allocation (``offset_elements + numel(shape) >
+        tensor.numel``) is recorded, not raised: its record has
+        ``checks.out_of_bounds_elements``, and the ``out-of-bounds`` rule reports it. The view
+        shares ``tensor``'s memory (and keeps it alive); it carries ``tensor``'s values when
+        ``tensor`` has data and the view stays in bounds (past the end there are no values).
+
+        Raises:
+            ShapeError: ``tensor`` is not a Tensor, ``shape`` is not a shape, or
+                ``offset_elements`` is not an integer >= 0.
+        """
+        _check_tensors("View", tensor=tensor)
+        dims = _check_shape("View", shape)
+        if isinstance(offset_elements, bool) or not isinstance(offset_elements, numbers.Integral) or offset_elements < 0:
+            raise ShapeError(f"View: offset_elements must be an integer >= 0, got {offset_elements!r}")
+        offset = int(offset_elements)
+        numel = math.prod(dims)
+        past = max(0, offset + numel - tensor.numel)
+        checks = OpChecks.model_construct(
+            output_shape=list(dims), nan_count=0, inf_count=0, saturated_count=0, max_abs_value=None,
+            declared_shape=None, out_of_bounds_elements=past)
+        self._emit("View", (tensor,), tensor.dtype, name, {"offset_elements": offset}, checks=checks)
+        data = None
+        if tensor.data is not None and not past:
+            data = tensor.data.reshape(-1)[offset:offset + numel].reshape(dims)
+        out = Tensor(dims, tensor.dtype, data, len(self._records) - 1)
+        if self.allocator is not None:
+            weakref.finalize(out, _keep_alive, tensor)  # the base's memory lives as long as the view
+        return out
+
     def free(self, tensor: Tensor) -> None:
         """Give ``tensor``'s memory back to the caching allocator now (as ``del`` does when the
         last reference goes)."""
@@ -422,9 +560,28 @@ class NPU:
             reserved_bytes=event.reserved_bytes,
         ))
 
-    def _out(self, shape: Sequence[int], dtype: str) -> Tensor:
-        """An op's output tensor, allocated (and its stall charged to the op just emitted)."""
-        return self._allocate(Tensor(tuple(shape), dtype))
+    def _out(self, shape: Sequence[int], dtype: str, values: numerics.Values | None = None) -> Tensor:
+        """An op's output tensor, allocated (and its stall charged to the op just emitted), with
+        the op's computed ``values`` as data when there are any."""
+        return self._allocate(Tensor(tuple(shape), dtype, None if values is None else values.data,
+                                     len(self._records) - 1))
+
+    @staticmethod
+    def _compute(op_type: str, inputs: Sequence[Tensor], dtype: str, out_shape: Sequence[int],
+                 attrs: dict[str, object] | None = None) -> tuple[numerics.Values | None, OpChecks | None]:
+        """The op's result when every input carries data and the op type has a reference kernel
+        (:data:`simulator.numerics.KERNELS`), with the checks its record gets; ``(None, None)``
+        otherwise. Callers test the first input's ``data`` before calling (the shape-only fast
+        path pays nothing)."""
+        if any(t.data is None for t in inputs):
+            return None, None
+        values = numerics.evaluate(op_type, [t.data for t in inputs], dtype, attrs)
+        if values is None:
+            return None, None
+        return values, OpChecks.model_construct(
+            output_shape=list(out_shape), nan_count=values.nan_count, inf_count=values.inf_count,
+            saturated_count=values.saturated_count, max_abs_value=values.max_abs_value,
+            declared_shape=None, out_of_bounds_elements=0)
 
     def _emit(
         self,
@@ -435,6 +592,7 @@ class NPU:
         attrs: dict[str, object] | None = None,
         stream: str = "compute",
         async_op: bool = False,
+        checks: OpChecks | None = None,
     ) -> OpCost:
         attrs = dict(attrs or {})
         wait_s = 0.0
@@ -468,7 +626,7 @@ class NPU:
             scale=self._scale.get(op_type, 1.0) * (self._own_factor if stream == "compute" else 1.0),
             stall_s=self._pending_stall_s, alloc_count=self._pending_allocs,
             alloc_retries=self._pending_retries, device_frees=self._pending_device_frees,
-            device_mallocs=self._pending_device_mallocs, source=_call_site(), wait_s=wait_s,
+            device_mallocs=self._pending_device_mallocs, source=_call_site(), wait_s=wait_s, checks=checks,
         )
         self._pending_stall_s = 0.0
         self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
@@ -618,8 +776,13 @@ class NPU:
         op_type = "BatchMatMul" if batch_a else "MatMul"
         spec_a = Tensor((batch, m, k), a.dtype)
         spec_b = Tensor((batch, k, n), b.dtype)
-        self._emit(op_type, (spec_a, spec_b), a.dtype, name)
-        return self._out((*batch_a, m, n), a.dtype)
+        out_shape = (*batch_a, m, n)
+        values = checks = None
+        if a.data is not None:
+            values, checks = self._compute(op_type, (a, b), a.dtype, out_shape,
+                                           {"transpose_a": transpose_a, "transpose_b": transpose_b})
+        self._emit(op_type, (spec_a, spec_b), a.dtype, name, checks=checks)
+        return self._out(out_shape, a.dtype, values)
 
     def flash_attention(
         self,
@@ -645,8 +808,11 @@ class NPU:
         """
         self._check_attention("flash_attention", q, k, v, block_size, pipeline_stages)
         attrs = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": bool(fusion), "causal": bool(causal)}
-        self._emit("FlashAttention", (q, k, v), q.dtype, name, attrs)
-        return self._out(q.shape, q.dtype)
+        values = checks = None
+        if q.data is not None:
+            values, checks = self._compute("FlashAttention", (q, k, v), q.dtype, q.shape, attrs)
+        self._emit("FlashAttention", (q, k, v), q.dtype, name, attrs, checks=checks)
+        return self._out(q.shape, q.dtype, values)
 
     def flash_attention_grad(
         self,
@@ -825,8 +991,12 @@ class NPU:
         except ValueError:
             shapes = " and ".join(str(list(t.shape)) for t in (x, *others))
             raise ShapeError(f"{op_type}: shapes {shapes} do not broadcast") from None
-        out = Tensor(tuple(out_shape), x.dtype)
-        self._emit(op_type, (out, *others), x.dtype, name)
+        values = checks = None
+        if x.data is not None:
+            values, checks = self._compute(op_type, (x, *others), x.dtype, out_shape)
+        # the output costs the op (it is the largest operand); its record is the next one
+        out = Tensor(tuple(out_shape), x.dtype, None if values is None else values.data, len(self._records))
+        self._emit(op_type, (out, *others), x.dtype, name, checks=checks)
         return self._allocate(out)
 
     def add(self, a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
@@ -869,8 +1039,11 @@ class NPU:
         """Convert to ``dtype`` (op type ``Cast``)."""
         _check_tensors("cast", x=x)
         _check_dtype("cast", dtype)
-        self._emit("Cast", (x,), x.dtype, name, {"to": dtype})
-        return self._out(x.shape, dtype)
+        values = checks = None
+        if x.data is not None:
+            values, checks = self._compute("Cast", (x,), dtype, x.shape)
+        self._emit("Cast", (x,), x.dtype, name, {"to": dtype}, checks=checks)
+        return self._out(x.shape, dtype, values)
 
     def _norm(self, op_type: str, x: Tensor, params: Sequence[Tensor], name: str | None) -> Tensor:
         _check_tensors(op_type, x=x, **{f"parameter {i + 1}": p for i, p in enumerate(params)})
@@ -879,8 +1052,11 @@ class NPU:
                 raise ShapeError(
                     f"{op_type}: parameter shape {list(p.shape)} must be ({x.shape[-1]},) for input {list(x.shape)}"
                 )
-        self._emit(op_type, (x, *params), x.dtype, name)
-        return self._out(x.shape, x.dtype)
+        values = checks = None
+        if x.data is not None:
+            values, checks = self._compute(op_type, (x, *params), x.dtype, x.shape)
+        self._emit(op_type, (x, *params), x.dtype, name, checks=checks)
+        return self._out(x.shape, x.dtype, values)
 
     def rms_norm(self, x: Tensor, weight: Tensor, *, name: str | None = None) -> Tensor:
         """RMS normalisation over the last axis (op type ``RmsNorm``). weight: (hidden,)."""
@@ -960,12 +1136,15 @@ class NPU:
         return group
 
     def _collective(self, op_type: str, costed: Tensor, out_shape: tuple[int, ...], dtype: str, group: tuple[int, ...],
-                    name: str | None, async_op: bool) -> Tensor | Work:
+                    name: str | None, async_op: bool, data_input: Tensor | None = None) -> Tensor | Work:
         if not isinstance(async_op, bool):
             raise TypeError(f"{op_type}: async_op must be True or False, got {async_op!r}")
-        self._emit(op_type, (costed,), dtype, name, {"ranks": group}, stream="hccl", async_op=async_op)
+        values = checks = None
+        if data_input is not None and data_input.data is not None:
+            values, checks = self._compute(op_type, (data_input,), dtype, out_shape, {"group_size": len(group)})
+        self._emit(op_type, (costed,), dtype, name, {"ranks": group}, stream="hccl", async_op=async_op, checks=checks)
         index, end_s = len(self._records) - 1, self._hccl_clock_s
-        out = self._out(out_shape, dtype)
+        out = self._out(out_shape, dtype, values)
         return Work(self, index, end_s, out) if async_op else out
 
     def all_reduce(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None,
@@ -974,10 +1153,11 @@ class NPU:
 
         Collectives run on the HCCL stream. A blocking one (the default) holds the compute
         stream until it is done; with ``async_op=True`` compute goes on and the call returns a
-        :class:`Work` to ``wait()`` on (as ``torch.distributed`` does).
+        :class:`Work` to ``wait()`` on (as ``torch.distributed`` does). With data, every rank is
+        taken to hold the same ``x`` (ranks alike), so the result is ``len(ranks) * x``.
         """
         group = self._group("AllReduce", ranks, x)
-        return self._collective("AllReduce", x, x.shape, x.dtype, group, name, async_op)
+        return self._collective("AllReduce", x, x.shape, x.dtype, group, name, async_op, data_input=x)
 
     def all_gather(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None,
                    async_op: bool = False) -> Tensor | Work:

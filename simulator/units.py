@@ -25,3 +25,7 @@ DTYPE_BYTES = {
     "int32": 4,
     "int64": 8,
 }
+
+#: The largest finite fp16 value, (2 - 2**-10) * 2**15: the bound the Ascend 910 saturates fp16
+#: overflows to in its default saturation mode (an IEEE format fact).
+FP16_MAX = 65504.0
