@@ -200,9 +200,14 @@ def evaluate_gate(
         statuses.append("invalid-baseline")
         notes.append(f"{inputs.baseline_error} (replaced by --oam-save-baseline)")
     status = worst_status(statuses)
+    fatal = [d for d in diagnosis if d.severity == "fatal"]
+    if inputs.saving and fatal:
+        notes.append("baseline not written: the run has fatal diagnosis findings")
     if status == "no-baseline":
         if not inputs.saving:
             notes.append("no baseline: run with --oam-save-baseline to create one")
+        elif fatal:
+            pass
         elif test_passed:
             notes.append("no baseline yet: written by --oam-save-baseline")
         else:
@@ -213,14 +218,14 @@ def evaluate_gate(
                      + " (op types are case-sensitive: " + ", ".join(sorted(op_types)) + ")")
     path = inputs.baseline_path
     compared_nothing = any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiles)
-    fatal = [d for d in diagnosis if d.severity == "fatal"]
     gate_failed = gate_fails(status, compared_nothing, inputs.strict, inputs.fail_on_improvement)
     failed = gate_failed or bool(fatal)
     report = GateReport(nodeid=inputs.nodeid, status=status, failed=failed, baseline_path=path,
                         message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,
                         diagnosis=diagnosis)
     result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
-    if inputs.saving and summaries and all(s is not None for s in summaries):
+    if inputs.saving and summaries and all(s is not None for s in summaries) and not fatal:
+        # a run with a correctness failure (NaN, overflow, ...) is no reference to compare with
         result["baseline"] = BaselineFile(nodeid=inputs.nodeid, runs=summaries).model_dump(mode="json")
     text = failure_text(inputs.nodeid, status, path, parts, notes) if gate_failed else None
     if fatal:  # correctness: fails the test whatever the gate says, baseline or not

@@ -218,8 +218,7 @@ def replay(record: RecordFile) -> Replay:
         raise RecordError(f"record of {record.nodeid}: gate_inputs: unknown setting {', '.join(map(repr, unknown))}")
     try:
         inputs = TypeAdapter(GateInputs).validate_python(
-            {**record.gate_inputs, "disabled_rules": tuple(record.gate_inputs.get("disabled_rules", ()))},
-            strict=False)
+            dict(record.gate_inputs), strict=False)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(part) for part in err["loc"])

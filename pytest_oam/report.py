@@ -255,9 +255,10 @@ def md_text(text: object) -> str:
     return html.escape(str(text), quote=False).replace("|", "\\|")
 
 
-def md_code(text: object) -> str:
-    """``text`` as a Markdown code span (literal), safe in table cells too."""
-    text = str(text).replace("|", "\\|")
+def md_code(text: object, in_table: bool = False) -> str:
+    """``text`` as a Markdown code span (literal); ``in_table``: its pipes escaped, as a GFM table
+    cell needs (outside tables the backslash would show)."""
+    text = str(text).replace("|", "\\|") if in_table else str(text)
     fence = "``" if "`" in text else "`"
     return f"{fence} {text} {fence}" if fence == "``" else f"`{text}`"
 
@@ -266,7 +267,7 @@ def summary_table(tests: list[GateReport], fmt: str = "simple") -> str:
     markdown = fmt == "github"
     rows = []
     for t in tests:
-        nodeid = md_code(t.nodeid) if markdown else t.nodeid
+        nodeid = md_code(t.nodeid, in_table=True) if markdown else t.nodeid
         if not t.runs:
             rows.append((nodeid, "-", "-", "-", t.status, "-"))
             continue

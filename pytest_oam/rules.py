@@ -523,11 +523,14 @@ def out_of_bounds(ctx: RuleContext) -> Iterable[RuleFinding]:
         c = op.checks
         base = op.input_shapes[0] if op.input_shapes else []
         offset = op.attrs.get("offset_elements", 0)
+        where = f"at offset {offset} into a {base} tensor of {math.prod(base)} elements"
+        if "allocation_elements" in op.attrs:  # a view of a view: the allocation underneath bounds it
+            where = (f"at offset {offset} into a {base} view, element {op.attrs['allocation_offset_elements']} of "
+                     f"an allocation of {op.attrs['allocation_elements']} elements,")
         yield _fatal(
             "out-of-bounds", op,
-            f"{op.name}: a {c.output_shape} view ({math.prod(c.output_shape)} elements) at offset {offset} into a "
-            f"{base} tensor of {math.prod(base)} elements reaches {c.out_of_bounds_elements} elements "
-            f"past its allocation{_calls(ops)}",
+            f"{op.name}: a {c.output_shape} view ({math.prod(c.output_shape)} elements) {where} reaches "
+            f"{c.out_of_bounds_elements} elements past its allocation{_calls(ops)}",
             "fix the view's offset or shape: offset + elements must stay within the tensor (torch raises "
             "'setStorage: ... out of bounds'); slice with the tensor's own strides instead of raw offsets",
         )

@@ -39,6 +39,9 @@ DATA_DTYPES: dict[str, type[np.generic]] = {
 #: Epsilon inside the square root of the normalisations (torch's LayerNorm default; Llama's
 #: RMSNorm uses 1e-6, the difference is invisible at fp16).
 NORM_EPS = 1e-5
+#: Score elements the reference attention holds at once (2**24 float32 = 64 MiB); longer
+#: sequences are computed in chunks of query rows.
+ATTENTION_CHUNK_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -91,8 +94,11 @@ def store(x: np.ndarray, dtype: str) -> Values:
             data = round_bf16(x32)
         elif dtype == "int32":
             info = np.iinfo(np.int32)
-            data = np.clip(np.nan_to_num(np.trunc(x32.astype(np.float64)), nan=0.0), info.min, info.max).astype(np.int32)
-            return Values(data, int(np.count_nonzero(np.isnan(x32))), int(np.count_nonzero(np.isinf(x32))), 0, max_abs)
+            wide = np.trunc(x32.astype(np.float64))
+            clipped = finite & ((wide < info.min) | (wide > info.max))  # counted as saturated
+            data = np.clip(np.nan_to_num(wide, nan=0.0), info.min, info.max).astype(np.int32)
+            return Values(data, int(np.count_nonzero(np.isnan(x32))), int(np.count_nonzero(np.isinf(x32))),
+                          int(np.count_nonzero(clipped)), max_abs)
         else:
             data = x32
         stored = data.astype(np.float32, copy=False)
@@ -126,15 +132,22 @@ def _flash_attention(inputs: Sequence[np.ndarray], attrs: Mapping[str, object]) 
     q, k, v = inputs
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    scores = np.matmul(q, np.swapaxes(k, -1, -2)) / np.float32(math.sqrt(q.shape[-1]))
-    if attrs.get("causal"):
-        s_q, s_kv = q.shape[2], k.shape[2]
-        visible = np.arange(s_kv)[None, :] <= np.arange(s_q)[:, None] + (s_kv - s_q)
-        scores = np.where(visible, scores, -np.inf)
-        weights = np.where(visible.any(axis=-1, keepdims=True), _softmax(scores), 0.0)
-    else:
-        weights = _softmax(scores)
-    return np.matmul(weights.astype(np.float32), v)
+    s_q, s_kv = q.shape[2], k.shape[2]
+    # query rows in chunks, so the score matrix held at once stays under ATTENTION_CHUNK_ELEMENTS
+    rows = max(1, ATTENTION_CHUNK_ELEMENTS // max(1, q.shape[0] * q.shape[1] * s_kv))
+    out = np.empty(q.shape[:-1] + (v.shape[-1],), dtype=np.float32)
+    scale = np.float32(math.sqrt(q.shape[-1]))
+    for start in range(0, s_q, rows):
+        stop = min(s_q, start + rows)
+        scores = np.matmul(q[:, :, start:stop], np.swapaxes(k, -1, -2)) / scale
+        if attrs.get("causal"):
+            visible = np.arange(s_kv)[None, :] <= np.arange(start, stop)[:, None] + (s_kv - s_q)
+            scores = np.where(visible, scores, -np.inf)
+            weights = np.where(visible.any(axis=-1, keepdims=True), _softmax(scores), 0.0)
+        else:
+            weights = _softmax(scores)
+        out[:, :, start:stop] = np.matmul(weights.astype(np.float32), v)
+    return out
 
 
 def _rms_norm(inputs: Sequence[np.ndarray], attrs: Mapping[str, object]) -> np.ndarray:
@@ -177,12 +190,16 @@ def evaluate(op_type: str, inputs: Sequence[np.ndarray], dtype: str,
     """The result of ``op_type`` on the ``inputs`` arrays, stored as ``dtype``; ``None`` when the
     op type has no reference kernel (:data:`KERNELS`) or ``dtype`` cannot carry data.
 
-    Inputs are read as float32 (exact for fp16 and bf16, and for int32 up to 2**24); numpy warnings
+    Inputs are read as float32 (exact for fp16 and bf16). Integer arithmetic is not modelled: an
+    op other than Cast with an int32 input or output gives ``None``; a Cast to int32 truncates and
+    counts values outside the int32 range as saturated. Numpy warnings
     about overflow or invalid values are silenced, the counts in :class:`Values` report them.
     """
     kernel = KERNELS.get(op_type)
     if kernel is None or dtype not in DATA_DTYPES:
         return None
+    if op_type != "Cast" and (dtype == "int32" or any(np.asarray(x).dtype.kind in "iu" for x in inputs)):
+        return None  # integer arithmetic is not modelled (float32 is exact only to 2**24): no values
     with np.errstate(all="ignore"):
         result = kernel([np.asarray(x, dtype=np.float32) for x in inputs], attrs or {})
     return store(result, dtype)

@@ -358,6 +358,8 @@ class NPU:
         self._memory_steps: list[StepMemory] = []
         self._finalizers: dict[int, weakref.finalize] = {}
         self._memory_events: list[MemoryRecord] = []
+        #: For each view: the tensor that owns its allocation, and the view's offset in it.
+        self._views: weakref.WeakKeyDictionary[Tensor, tuple[Tensor, int]] = weakref.WeakKeyDictionary()
         self._delivered = 0  # online collection: records handed to the callbacks so far
         self._hccl_clock_s = 0.0  # the HCCL stream: collectives run in order, beside compute
         self._last_hccl: int | None = None  # index of the last collective's record
@@ -415,6 +417,14 @@ class NPU:
         if source.dtype.kind not in "biuf":
             raise ShapeError(f"from_numpy: array must hold numbers, got numpy dtype {source.dtype}")
         shape = _check_shape("from_numpy", source.shape)
+        if dtype == "int32":
+            info = np.iinfo(np.int32)
+            with np.errstate(all="ignore"):
+                wide = source.astype(np.float64) if source.dtype.kind == "f" else source
+                outside = int(np.count_nonzero(~np.isfinite(wide) | (wide < info.min) | (wide > info.max))) \
+                    if source.dtype.kind == "f" else int(np.count_nonzero((wide < info.min) | (wide > info.max)))
+            if outside:
+                raise ShapeError(f"from_numpy: {outside} values do not fit in int32 ({info.min}..{info.max})")
         if dtype == "bf16":
             data = numerics.round_bf16(source.astype(np.float32))
         else:
@@ -475,7 +485,8 @@ class NPU:
         (op type ``View``: host metadata, no kernel, zero device time).
 
         A view that reaches past the allocation (``offset_elements + numel(shape) >
-        tensor.numel``) is recorded, not raised: its record has
+        tensor.numel``; for a view of a view, past the allocation underneath) is recorded, not
+        raised: its record has
         ``checks.out_of_bounds_elements``, and the ``out-of-bounds`` rule reports it. The view
         shares ``tensor``'s memory (and keeps it alive); it carries ``tensor``'s values when
         ``tensor`` has data and the view stays in bounds (past the end there are no values).
@@ -490,15 +501,22 @@ class NPU:
             raise ShapeError(f"View: offset_elements must be an integer >= 0, got {offset_elements!r}")
         offset = int(offset_elements)
         numel = math.prod(dims)
-        past = max(0, offset + numel - tensor.numel)
+        # a view of a view is bounded by the allocation underneath, not by the outer view
+        root, root_offset = self._views.get(tensor, (tensor, 0))
+        absolute = root_offset + offset
+        past = max(0, absolute + numel - root.numel)
         checks = OpChecks.model_construct(
             output_shape=list(dims), nan_count=0, inf_count=0, saturated_count=0, max_abs_value=None,
             declared_shape=None, out_of_bounds_elements=past)
-        self._emit("View", (tensor,), tensor.dtype, name, {"offset_elements": offset}, checks=checks)
+        attrs = {"offset_elements": offset}
+        if root is not tensor:
+            attrs.update(allocation_offset_elements=absolute, allocation_elements=root.numel)
+        self._emit("View", (tensor,), tensor.dtype, name, attrs, checks=checks)
         data = None
-        if tensor.data is not None and not past:
-            data = tensor.data.reshape(-1)[offset:offset + numel].reshape(dims)
+        if root.data is not None and not past:
+            data = root.data.reshape(-1)[absolute:absolute + numel].reshape(dims)
         out = Tensor(dims, tensor.dtype, data, len(self._records) - 1)
+        self._views[out] = (root, absolute)
         if self.allocator is not None:
             weakref.finalize(out, _keep_alive, tensor)  # the base's memory lives as long as the view
         return out

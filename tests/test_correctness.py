@@ -271,3 +271,77 @@ def test_plugin_fails_an_overflowing_test_without_a_baseline(pytester) -> None:
         "*FAILED test_suite.py::test_overflow - oam diagnosis: 1 fatal finding*",
     ])
     assert "performance gate: NOT-GATED" not in result.stdout.str()  # the gate itself did not fail
+
+
+# -- found by a second review --------------------------------------------------------------------
+
+def test_a_view_of_a_view_is_bounded_by_the_allocation() -> None:
+    def work(npu):
+        a = npu.tensor((4, 8), "fp16")  # 32 elements
+        v = npu.view(a, 0, (4,))
+        npu.view(v, 2, (4,))  # elements 2..5 of a: inside
+        npu.view(v, 30, (4,))  # elements 30..33 of a: 2 past the end
+
+    inside, outside = simulator.run(work).ops[1:]
+    assert inside.checks.out_of_bounds_elements == 0
+    assert outside.checks.out_of_bounds_elements == 2
+    (finding,) = [f for f in run_rules(simulator.run(work), A910) if f.rule_id == "out-of-bounds"]
+    assert "element 30 of an allocation of 32 elements" in finding.description
+
+
+def test_integer_arithmetic_is_not_modelled_and_int32_inputs_are_range_checked() -> None:
+    import numpy as np
+
+    def add(npu):
+        i = npu.from_numpy(np.array([16777217, 2**30], np.int32), dtype="int32")
+        out = npu.add(i, i)
+        assert out.data is None  # no silently rounded float32 result
+        c = npu.cast(npu.from_numpy(np.array([1e10, -3.5], np.float32), dtype="fp32"), "int32")
+        assert npu.to_numpy(c).tolist() == [2**31 - 1, -3]
+
+    profile = simulator.run(add)
+    (cast,) = profile.ops_of("Cast")
+    assert cast.checks.saturated_count == 1  # 1e10 does not fit in int32
+
+    def too_big(npu):
+        npu.from_numpy(np.array([2**40]), dtype="int32")
+
+    with pytest.raises(simulator.ShapeError, match=r"from_numpy: 1 values do not fit in int32"):
+        simulator.run(too_big)
+
+
+def test_long_attention_is_computed_in_chunks() -> None:
+    import numpy as np
+
+    from simulator import numerics
+
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 300, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 300, 16)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 300, 16)).astype(np.float32)
+    whole = numerics._flash_attention([q, k, v], {"causal": True})
+    old = numerics.ATTENTION_CHUNK_ELEMENTS
+    numerics.ATTENTION_CHUNK_ELEMENTS = 2 * 300 * 7  # 7 query rows at a time
+    try:
+        chunked = numerics._flash_attention([q, k, v], {"causal": True})
+    finally:
+        numerics.ATTENTION_CHUNK_ELEMENTS = old
+    np.testing.assert_allclose(chunked, whole, rtol=1e-6, atol=1e-6)
+
+
+def test_a_run_with_fatal_findings_is_not_saved_as_a_baseline(pytester) -> None:
+    # Regression (review): --oam-save-baseline saved the numbers of a run that overflowed.
+    pytester.makepyfile(test_overflow="""
+import numpy as np
+
+def overflow(npu):
+    x = npu.from_numpy(np.full((4, 4), 60000.0), dtype="fp16")
+    npu.add(x, x)
+
+def test_overflow(oam_profile):
+    oam_profile.run(overflow)
+""")
+    result = pytester.runpytest("--oam-save-baseline", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*fp16-overflow*"])
+    assert not (pytester.path / "baselines").exists() or not list((pytester.path / "baselines").iterdir())
