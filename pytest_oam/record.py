@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,11 +82,11 @@ class RecordFile(BaseModel):
 
 
 def record_filename(nodeid: str) -> str:
-    """A file name for ``nodeid``: readable, safe on every OS, unique by a short hash."""
-    import hashlib
+    """The test's baseline file name (:func:`pytest_oam.baseline.baseline_filename`: portable,
+    unique by a hash) ending in ``.oam.json.gz``."""
+    from .baseline import baseline_filename
 
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", nodeid).strip("_")[:100] or "test"
-    return f"{readable}.{hashlib.sha256(nodeid.encode()).hexdigest()[:8]}.oam.json.gz"
+    return baseline_filename(nodeid).removesuffix(".json") + ".oam.json.gz"
 
 
 def write_record(path: Path, record: RecordFile) -> None:
