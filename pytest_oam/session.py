@@ -446,6 +446,7 @@ class OamSession:
         self.report_errors: dict[Path, str] = {}
         self.pruned: list[str] = []
         self.collected: set[str] = set()
+        self.order: dict[str, int] = {}  # test id -> collection position, for reports in test order
         self.pending_saves: dict[str, dict[str, Any]] = {}
         self.partial: set[str] = set()
         self.prune_refused: str | None = None
@@ -459,10 +460,23 @@ class OamSession:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.collected.update(item.nodeid for item in session.items)
+        self._note_order(item.nodeid for item in session.items)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, ids: list[str]) -> None:
         self.collected.update(ids)
+        self._note_order(ids)
+
+    def _note_order(self, ids) -> None:
+        for nodeid in ids:
+            self.order.setdefault(nodeid, len(self.order))
+
+    def _tests_in_order(self) -> list:
+        """The gated tests' reports in collection order (xdist finishes them in any order)."""
+        from .report import GateReport
+
+        ordered = sorted(self.results.items(), key=lambda kv: self.order.get(kv[0], len(self.order)))
+        return [GateReport.model_validate(r) for _, r in ordered]
 
     def _note_partial(self, reason: str) -> None:
         """Remember why this run may not see every test (for --oam-prune); workers pass it on."""
@@ -710,9 +724,9 @@ class OamSession:
         if self.is_worker or not (self.results or self.pruned or self.prune_refused or self.settings.report_paths
                                   or self.save_errors or self.recorded):
             return
-        from .report import GateReport, summary_table
+        from .report import summary_table
 
-        tests = [GateReport.model_validate(r) for r in self.results.values()]
+        tests = self._tests_in_order()
         tr = terminalreporter
         tr.write_sep("=", "oam performance gate")
         if tests:
@@ -839,9 +853,9 @@ class OamSession:
         import pytest_oam
 
         from .fileio import atomic_write_text
-        from .report import GateReport, OamReport, dump_report, markdown_report
+        from .report import OamReport, dump_report, markdown_report
 
-        tests = [GateReport.model_validate(r) for r in self.results.values()]
+        tests = self._tests_in_order()
         counts: dict[str, int] = {}
         for t in tests:
             counts[t.status] = counts.get(t.status, 0) + 1

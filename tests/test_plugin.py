@@ -621,3 +621,25 @@ def test_a_report_never_replaces_a_baseline(pytester: pytest.Pytester) -> None:
     assert path.read_bytes() == before and elsewhere.read_bytes() == before
     pytester.runpytest("--oam-baseline", "--oam-report=report.json").assert_outcomes(passed=1)
     pytester.runpytest("--oam-baseline", "--oam-report=report.json").assert_outcomes(passed=1)  # a report is replaced
+
+
+def test_reports_list_tests_in_collection_order_under_xdist(pytester: pytest.Pytester) -> None:
+    # Regression (review): under -n 2 the reports listed tests in completion order.
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_order="""
+import time
+import pytest
+
+def work(npu):
+    a = npu.tensor((256, 256))
+    npu.add(a, a)
+
+@pytest.mark.parametrize("i", range(6))
+def test_step(oam_profile, i):
+    if i == 0:
+        time.sleep(2)  # finishes last
+    oam_profile.run(work)
+""")
+    pytester.runpytest_subprocess("-n", "2", "--oam-report=r.json").assert_outcomes(passed=6)
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert [t["nodeid"] for t in report["tests"]] == [f"test_order.py::test_step[{i}]" for i in range(6)]
