@@ -473,8 +473,8 @@ def compare_profiles(
 ) -> ComparisonReport:
     """Compare ``current`` with ``baseline`` with the plugin's comparison and diagnosis.
 
-    ``regression_threshold`` is the default limit (``0.05`` or ``"5%"``); FlashAttention keeps
-    the plugin's stricter limit (2%, or the threshold if that is lower); ``thresholds`` sets
+    ``regression_threshold`` is the default limit (``0.05`` or ``"5%"``); FlashAttention and the
+    peak-memory rows keep the plugin's stricter limits (2% and 5%, or the threshold if lower); ``thresholds`` sets
     per-op limits (``{"MatMul": "5%", "FlashAttention*": 0.01}``) over both. A baseline file
     taken as ``current`` compares the same way, but its findings cannot name call sites. A
     baseline file with several runs (a plugin test that profiled more than once) is compared
@@ -495,8 +495,9 @@ def compare_profiles(
     """
     limit = parse_limit(regression_threshold)
     flash = min(DEFAULT_THRESHOLDS["FlashAttention*"], limit)
+    memory = min(DEFAULT_THRESHOLDS["memory.*"], limit)  # peak memory keeps the plugin's stricter limit too
     per_op = {op: parse_limit(value) for op, value in (thresholds or {}).items()}
-    resolver = LimitResolver.build(cli={"FlashAttention*": flash, "*": limit, **per_op})
+    resolver = LimitResolver.build(cli={"FlashAttention*": flash, "memory.*": memory, "*": limit, **per_op})
     current_run, current_profile = _as_run(current, "current profile")
     base_run, base_profile = _as_run(baseline, "baseline", current_run.workload_fingerprint)
     if (base_run.hardware, base_run.devices) != (current_run.hardware, current_run.devices):
@@ -521,7 +522,7 @@ def compare_profiles(
         spec = load_hardware(current_profile.hardware) if current_profile.hardware in list_hardware() else None
         rules = run_rules(current_profile, spec)
     return ComparisonReport(comparison.status, comparison, findings, base_run, current_run,
-                            {"default": limit, "FlashAttention*": flash, **per_op}, rules)
+                            {"default": limit, "FlashAttention*": flash, "memory.*": memory, **per_op}, rules)
 
 # -- profile files --------------------------------------------------------------------------
 

@@ -330,3 +330,13 @@ def test_real_profiles_get_the_rules_that_need_no_hardware_spec(capsys) -> None:
     # the kernel_details.csv alone has no communication data: no communication finding
     plain = oam.compare_profiles(load_any(LEVEL1), load_any(LEVEL1))
     assert not {"comm-wait", "comm-share"} & {d.rule_id for d in plain.diagnosis}
+
+
+def test_peak_memory_keeps_its_stricter_limit_in_compare_profiles() -> None:
+    # Review finding: compare_profiles judged memory rows at the default 10%, the plugin at 5%.
+    report = oam.compare_profiles(load_any(FOLDER1), load_any(FOLDER1))
+    limits = {v.op_type: v.limit_frac for v in report.comparison.verdicts}
+    assert limits["memory.reserved_peak"] == limits["memory.allocated_peak"] == 0.05
+    assert limits["step"] == 0.10
+    assert oam.compare_profiles(load_any(FOLDER1), load_any(FOLDER1), regression_threshold="1%").comparison \
+        .verdicts[-1].limit_frac <= 0.01
