@@ -37,7 +37,7 @@ def measure(config, layout: ParallelLayout, seq_len: int):
 def series(title: str, config, layouts: list[ParallelLayout], seq_len: int) -> list[tuple[int, float]]:
     print(title)
     print(f"{'cards':>6} {'tp x pp x dp':>13} {'micro':>6} {'ops':>7} {'step (s)':>9} {'tok/s/card':>11} "
-          f"{'DP collective':>18} {'wall (s)':>9} {'x smallest':>11}")
+          f"{'DP collective':>28} {'wall (s)':>9} {'x smallest':>11}")
     rows, first = [], None
     for layout in layouts:
         wall_s, profile = measure(config, layout, seq_len)
@@ -46,7 +46,7 @@ def series(title: str, config, layouts: list[ParallelLayout], seq_len: int) -> l
         algorithm = dp_ops[0].comm.algorithm if dp_ops and layout.data_parallel > 1 else "-"
         print(f"{layout.devices:>6} {layout.tensor_parallel:>4} x {layout.pipeline_parallel} x {layout.data_parallel:<3} "
               f"{layout.micro_batches:>6} {len(profile.ops):>7} {profile.step_time_s:>9.3f} "
-              f"{profile.tokens_per_s / layout.devices:>11,.0f} {algorithm:>18} {wall_s:>9.3f} {wall_s / first:>11.2f}")
+              f"{profile.tokens_per_s / layout.devices:>11,.0f} {algorithm:>28} {wall_s:>9.3f} {wall_s / first:>11.2f}")
         rows.append((layout.devices, wall_s))
     return rows
 
