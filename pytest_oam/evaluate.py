@@ -64,13 +64,6 @@ class GateInputs:
         data["disabled_rules"] = list(self.disabled_rules)
         return data
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GateInputs:
-        """Raises: TypeError: unknown or missing keys."""
-        data = dict(data)
-        data["disabled_rules"] = tuple(data.get("disabled_rules", ()))
-        return cls(**data)
-
 
 def display_site(site: str, invocation_dir: str | None) -> str:
     """A ``file:line`` call site with the file relative to ``invocation_dir`` when inside it."""

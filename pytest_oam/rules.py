@@ -355,15 +355,27 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
 _P2P_TYPES = ("Send", "Receive")
 
 
+def _waits(ctx: RuleContext, p2p: bool) -> tuple[list[OpRecord], float, float] | None:
+    """The last step's HCCL-stream ops that waited for other ranks (``attrs["wait_time_s"]``),
+    point-to-point ones or collectives, with their total wait and the step time; ``None`` when
+    the waits stay under the rule's ``share_frac`` of the step."""
+    ops = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.attrs.get("wait_time_s")
+           and (op.op_type in _P2P_TYPES) == p2p]
+    step_s = ctx.profile.step_times_s[-1] if ctx.profile.steps else 0.0
+    wait_s = sum(float(op.attrs["wait_time_s"]) for op in ops)
+    if not ops or step_s <= 0 or wait_s / step_s < ctx.thresholds["share_frac"]:
+        return None
+    return ops, wait_s, step_s
+
+
 @rule("pipeline-bubble", "Pipeline stages idle waiting for each other", share_frac=0.1, needs_hardware=False)
 def pipeline_bubble(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Point-to-point receives that waited (the 1F1B pipeline bubble: a stage waiting for the
     activations or gradients of its neighbours) for more than ``share_frac`` of the step."""
-    waits = [op for op in ctx.step0_ops() if op.op_type in _P2P_TYPES and op.attrs.get("wait_time_s")]
-    step_s = ctx.profile.step_times_s[-1] if ctx.profile.steps else 0.0
-    wait_s = sum(float(op.attrs["wait_time_s"]) for op in waits)
-    if not waits or step_s <= 0 or wait_s / step_s < ctx.thresholds["share_frac"]:
+    found = _waits(ctx, p2p=True)
+    if found is None:
         return
+    waits, wait_s, step_s = found
     op = max(waits, key=lambda o: float(o.attrs["wait_time_s"]))
     found = _finding(
         ctx, "pipeline-bubble", op, wait_s,
@@ -381,12 +393,10 @@ def comm_wait(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Collectives that waited for other ranks to arrive (``attrs["wait_time_s"]``: simulated
     stragglers, or a real profile's communication.json Wait Time) for more than ``share_frac``
     of the step: one rank (or the link to it) is slower than the others."""
-    comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.attrs.get("wait_time_s")
-            and op.op_type not in _P2P_TYPES]  # a Receive's wait is the pipeline bubble (its own rule)
-    step_s = ctx.profile.step_times_s[-1] if ctx.profile.steps else 0.0
-    wait_s = sum(float(op.attrs["wait_time_s"]) for op in comm)
-    if not comm or step_s <= 0 or wait_s / step_s < ctx.thresholds["share_frac"]:
+    found = _waits(ctx, p2p=False)  # a Receive's wait is the pipeline bubble (its own rule)
+    if found is None:
         return
+    comm, wait_s, step_s = found
     op = max(comm, key=lambda o: float(o.attrs["wait_time_s"]))
     found = _finding(
         ctx, "comm-wait", op, wait_s,

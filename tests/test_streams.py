@@ -257,3 +257,16 @@ def test_fault_settings_must_be_dicts() -> None:
         simulator.run(overlapped, devices=8, slow_ranks=[5])
     with pytest.raises(TypeError, match="degraded_links must be a dict"):
         simulator.run(overlapped, devices=8, degraded_links=[(0, 1)])
+
+
+def test_synchronize_waits_for_every_collective_issued() -> None:
+    def work(npu):
+        a = npu.tensor((2048, 2048))
+        npu.all_reduce(npu.tensor((16 << 20,)), async_op=True)
+        npu.all_reduce(npu.tensor((16 << 20,)), async_op=True)
+        npu.synchronize()
+        npu.add(a, a)
+
+    first, second, add = simulator.run(work, devices=8).ops
+    assert second.start_s == pytest.approx(_span(first)[1])  # the HCCL stream runs them in order
+    assert add.start_s == pytest.approx(_span(second)[1]) and add.attrs["wait_hccl_op"] == 1
