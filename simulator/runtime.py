@@ -543,9 +543,9 @@ class NPU:
         stall = event.latency_s if device_visible else 0.0
         if not device_visible:
             pass  # a cache hit: host bookkeeping, hidden behind the device's queue
-        elif (charge_last and self._records and self._records[-1].step == self._step
-              and self._records[-1].stream == "compute"):
+        elif charge_last and self._records and self._records[-1].step == self._step:
             record = self._records[-1]
+            compute = record.stream == "compute"
             self._records[-1] = record.model_copy(update={
                 "duration_s": record.duration_s + stall,
                 "alloc_stall_s": record.alloc_stall_s + stall,
@@ -553,9 +553,17 @@ class NPU:
                 "alloc_retries": record.alloc_retries + int(event.alloc_retried),
                 "device_frees": record.device_frees + event.device_frees,
                 "device_mallocs": record.device_mallocs + event.device_mallocs,
-                "overlap_frac": _overlap(record.overlapped_s, record.overlappable_s, record.alloc_stall_s + stall),
+                "overlap_frac": (_overlap(record.overlapped_s, record.overlappable_s, record.alloc_stall_s + stall)
+                                 if compute else record.overlap_frac),
             })
-            self._clock_s += stall
+            if compute:
+                self._clock_s += stall
+            else:
+                # a collective's output: the collective (and a blocking caller) waited for it,
+                # rather than the next step's first op
+                self._hccl_clock_s += stall
+                if not record.attrs.get("async_op"):
+                    self._clock_s = max(self._clock_s, self._hccl_clock_s)
         else:
             self._pending_stall_s += stall
             self._pending_allocs += 1
@@ -1161,8 +1169,9 @@ class NPU:
         if data_input is not None and data_input.data is not None:
             values, checks = self._compute(op_type, (data_input,), dtype, out_shape, {"group_size": len(group)})
         self._emit(op_type, (costed,), dtype, name, {"ranks": group}, stream="hccl", async_op=async_op, checks=checks)
-        index, end_s = len(self._records) - 1, self._hccl_clock_s
-        out = self._out(out_shape, dtype, values)
+        index = len(self._records) - 1
+        out = self._out(out_shape, dtype, values)  # its allocation may lengthen the collective
+        end_s = self._hccl_clock_s
         return Work(self, index, end_s, out) if async_op else out
 
     def all_reduce(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None,

@@ -57,6 +57,23 @@ def test_a_step_that_reuses_the_cache_has_no_stall() -> None:
     assert [m.device_mallocs for m in profile.memory][1:] == [0, 0]
 
 
+def test_a_collectives_output_malloc_stalls_the_collective_not_the_next_step() -> None:
+    # Regression: the malloc of the last collective's output was charged to the next step's
+    # first op, so a warm step looked stalled.
+    def work(npu):
+        x = npu.tensor((4096, 4096))
+        npu.all_reduce(npu.add(x, x), ranks=(0, 1))  # its output needs a third 32 MiB segment
+
+    profile = simulator.run(work, devices=2, steps=2, memory=True)
+    reduce0, reduce1 = profile.ops_of("AllReduce")
+    assert (reduce0.device_mallocs, reduce1.device_mallocs) == (1, 0)
+    assert reduce0.alloc_stall_s > 0 and reduce1.alloc_stall_s == 0
+    assert [op.alloc_stall_s for op in profile.ops_of("Add")][1] == 0
+    # the blocking collective ends later by its stall, and the step with it
+    plain = simulator.run(work, devices=2, steps=2)
+    assert reduce0.duration_s == pytest.approx(plain.ops_of("AllReduce")[0].duration_s + reduce0.alloc_stall_s)
+
+
 def test_out_of_memory_names_the_sizes() -> None:
     def work(npu):
         keep = [npu.tensor((8, GiB // 2)) for _ in range(5)]  # 5 x 8 GiB on a 32 GiB card
@@ -143,3 +160,35 @@ def test_dropping_memory_tracking_is_not_silently_ungated() -> None:
     assert comparison.status == "missing-ops"
     assert {v.op_type for v in comparison.verdicts if v.status == "missing"} == {
         "memory.reserved_peak", "memory.allocated_peak", "alloc_time"}
+
+
+def test_llama_step_memory_follows_a_training_loop() -> None:
+    """Llama-2-7B on 8 x 910A (tp 4 x dp 2, ZeRO-1), seq 4096: weights, gradient buffer and the
+    optimizer state live for the job, activations until their layer's backward. Golden values:
+    the job-long tensors are 1 + 1 fp16 copies of rank 0's 6,738,415,616 / 4 = 1,684,603,904
+    parameters plus 3 fp32 values for each of its 842,301,952 ZeRO-1 shard
+    (3.14 + 3.14 + 9.41 = 15.69 GiB); the peak must land near the Korthikanti et al. estimate
+    that ``training_step`` checks against HBM (``memory_per_card_bytes``: 23.87 GiB)."""
+    from simulator.models.llama import (
+        LLAMA2_7B,
+        ParallelLayout,
+        memory_per_card_bytes,
+        training_step,
+    )
+
+    profile = simulator.run(training_step, LLAMA2_7B, devices=8, steps=3, memory=True, seq_len=4096)
+    params = -(-LLAMA2_7B.param_count // 4)
+    persistent = 2 * (2 * params) + 4 * 3 * (-(-params // 2))
+    # each of the three is a segment of its own, rounded up to 2 MiB, and is not split when
+    # less than 1 MiB would remain: the allocated bytes count whole blocks
+    assert [m.allocated_end_bytes for m in profile.memory] == [pytest.approx(persistent, abs=3 * 2 * MiB)] * 3
+    estimate = memory_per_card_bytes(LLAMA2_7B, ParallelLayout(4, 2), 1, 4096)
+    peaks = [m.allocated_peak_bytes for m in profile.memory]
+    assert peaks[0] == peaks[1] == peaks[2]  # every step frees what it made
+    assert peaks[0] == pytest.approx(estimate, rel=0.05)
+    # the cache is warm after the first step: no device malloc, no stall
+    assert [m.device_mallocs for m in profile.memory][1:] == [0, 0]
+    assert sum(op.alloc_stall_s for op in profile.ops if op.step > 0) == 0
+    # without memory the same step takes the same device time from the second step on
+    plain = simulator.run(training_step, LLAMA2_7B, devices=8, steps=2, seq_len=4096)
+    assert plain.step_times_s[1] == pytest.approx(profile.step_times_s[1])

@@ -17,10 +17,22 @@ Gradient reduction over data parallelism overlaps backward as in Megatron-Core's
 ``megatron/core/distributed/distributed_data_parallel_config.py``) in backward order, and each
 full bucket is reduce-scattered (ZeRO-1) or all-reduced asynchronously on the HCCL stream
 while backward goes on; the optimizer waits for them.
+
+Device memory (when the NPU models it, ``memory=True``) follows a Megatron training loop: the
+fp16 weights, a contiguous gradient buffer (Megatron-Core's ``ParamAndGradBuffer``) and the fp32
+optimizer state (master weights, Adam's two moments; sharded over data parallelism with ZeRO-1)
+are allocated once, at the job's first step, and live for the whole job. Each op's output lives
+as long as autograd would keep it: the tensors a layer saves for its backward (its input, the
+norm outputs, the QKV projection, the rotated Q/K, the attention output, the residual sum, the
+gate/up projection, the SiLU and the gated product) live until that layer's backward, the
+logits until the loss backward, and every other output is freed as soon as the next op has
+consumed it. Weight gradients are accumulated into the gradient buffer by the GEMM itself
+(Megatron's ``gradient_accumulation_fusion``), but the op's output here is still a temporary.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from ..runtime import NPU, Tensor
@@ -191,6 +203,9 @@ def training_step(
         grad_bucket_params = max(40_000_000, 1_000_000 * dp)
     if not isinstance(grad_bucket_params, int) or grad_bucket_params < 1:
         raise ValueError(f"grad_bucket_params must be a positive integer, got {grad_bucket_params!r}")
+    if npu.memory and npu not in _PERSISTENT:
+        shard = dp if layout.zero_stage >= 1 else 1
+        _PERSISTENT[npu] = _Persistent(npu, _stage_params(config, layout), dtype, shard)
     grads = _GradReducer(npu, layout, dtype, grad_bucket_params if overlap_grad_reduce else None)
     model = _Stage(config, layout, batch_size, seq_len, dtype,
                    {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True})
@@ -211,6 +226,30 @@ def training_step(
         npu.all_gather(Tensor((padded // dp,), dtype), ranks=layout.dp_ranks(), name="params.dp_all_gather")
     else:
         npu.adamw(params_local, name="optimizer.adamw")
+
+
+class _Persistent:
+    """What lives for the whole job on a memory-modelling card: weights, gradient buffer,
+    optimizer state (see the module docstring). Held per :class:`NPU` in :data:`_PERSISTENT`."""
+
+    def __init__(self, npu: NPU, stage_params: int, dtype: str, shard: int) -> None:
+        self.weights = npu.tensor((stage_params,), dtype)
+        self.grad_buffer = npu.tensor((stage_params,), dtype)
+        self.optimizer_state = npu.tensor((-(-stage_params // shard) * 3,), "fp32")  # master, m, v
+
+
+#: Job-long tensors of each memory-modelling card, created at its first training step.
+_PERSISTENT: weakref.WeakKeyDictionary[NPU, _Persistent] = weakref.WeakKeyDictionary()
+
+
+def _stage_params(config: LlamaConfig, layout: ParallelLayout) -> int:
+    """Parameters rank 0 holds: its stage's layers (and the embedding, plus the final norm and
+    LM head without pipelining), divided over tensor parallelism."""
+    h, v = config.hidden_size, config.vocab_size
+    per_layer = (config.param_count - 2 * v * h - h) // config.num_layers
+    layers = config.num_layers // layout.pipeline_parallel
+    params = layers * per_layer + v * h + (v * h + h if layout.pipeline_parallel == 1 else 0)
+    return -(-params // layout.tensor_parallel)
 
 
 def _one_f_one_b(npu: NPU, model: _Stage, grads: _GradReducer, layout: ParallelLayout) -> None:
@@ -277,41 +316,52 @@ class _Stage:
         self.table = w(self.vocab, h)
         self.ids = Tensor((self.tokens,), "int32")
         self.act = Tensor((self.tokens, self.ffn), dtype)
-        self.logits: Tensor | None = None
+        self.saved: dict[str, list[list[Tensor]]] = {}  # per micro-batch: each layer's saved tensors
+        self.logits: dict[str, Tensor] = {}  # per micro-batch
 
     def w(self, *shape: int) -> Tensor:
         return Tensor(shape, self.dtype)
 
     def forward(self, npu: NPU, tag: str = "") -> None:
+        """Forward of one micro-batch (``tag`` names it); what backward needs is kept in
+        ``self.saved[tag]``, every other output is dropped at once (freed, with memory)."""
         x, norm_w, tp_ranks, tp_reduce, fa = self.x, self.norm_w, self.tp_ranks, self.tp_reduce, self.fa
         h, d, heads, kv_heads, tokens, dtype = self.h, self.d, self.heads, self.kv_heads, self.tokens, self.dtype
-        npu.embedding(self.ids, self.table, name=f"{tag}embed_tokens")
+        saved: list[list[Tensor]] = []
+        self.saved[tag] = saved
+        hidden = npu.embedding(self.ids, self.table, name=f"{tag}embed_tokens")
         if tp_reduce:
-            npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}embed_tokens.tp_allreduce")
+            hidden = npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}embed_tokens.tp_allreduce")
         for layer in self.layers:
             p = f"{tag}layers.{layer}"
-            npu.rms_norm(x, norm_w, name=f"{p}.input_layernorm")
-            npu.matmul(x, self.w_qkv, name=f"{p}.attn.qkv_proj")
-            npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary")
-            npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.attn.core", **fa)
-            npu.matmul(Tensor((tokens, heads * d), dtype), self.w_o, name=f"{p}.attn.o_proj")
+            keep = [hidden]  # the layer's input: the first norm's backward reads it
+            keep.append(npu.rms_norm(x, norm_w, name=f"{p}.input_layernorm"))
+            keep.append(npu.matmul(x, self.w_qkv, name=f"{p}.attn.qkv_proj"))
+            keep.append(npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary"))
+            keep.append(npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.attn.core", **fa))
+            out = npu.matmul(Tensor((tokens, heads * d), dtype), self.w_o, name=f"{p}.attn.o_proj")
             if tp_reduce:
-                npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.tp_allreduce")
-            npu.add(x, x, name=f"{p}.attn.residual")
-            npu.rms_norm(x, norm_w, name=f"{p}.post_attention_layernorm")
-            npu.matmul(x, self.w_gate_up, name=f"{p}.mlp.gate_up_proj")
+                out = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.tp_allreduce")
+            keep.append(npu.add(x, x, name=f"{p}.attn.residual"))
+            del out
+            keep.append(npu.rms_norm(x, norm_w, name=f"{p}.post_attention_layernorm"))
             act = self.act
-            npu.silu(act, name=f"{p}.mlp.act")
-            npu.mul(act, act, name=f"{p}.mlp.gate_mul")
-            npu.matmul(act, self.w_down, name=f"{p}.mlp.down_proj")
+            keep.append(npu.matmul(x, self.w_gate_up, name=f"{p}.mlp.gate_up_proj"))
+            keep.append(npu.silu(act, name=f"{p}.mlp.act"))
+            keep.append(npu.mul(act, act, name=f"{p}.mlp.gate_mul"))
+            out = npu.matmul(act, self.w_down, name=f"{p}.mlp.down_proj")
             if tp_reduce:
-                npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.tp_allreduce")
-            npu.add(x, x, name=f"{p}.mlp.residual")
+                out = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.tp_allreduce")
+            hidden = npu.add(x, x, name=f"{p}.mlp.residual")
+            del out
+            saved.append(keep)
         if not self.has_head:
             return
-        npu.rms_norm(x, norm_w, name=f"{tag}final_norm")
-        self.logits = npu.matmul(x, self.w(h, self.vocab), name=f"{tag}lm_head")
-        npu.cross_entropy(self.logits, name=f"{tag}loss")
+        saved.append([hidden, npu.rms_norm(x, norm_w, name=f"{tag}final_norm")])
+        del hidden
+        logits = npu.matmul(x, self.w(h, self.vocab), name=f"{tag}lm_head")
+        self.logits[tag] = logits
+        npu.cross_entropy(logits, name=f"{tag}loss")
         if tp_reduce:
             row_stats = Tensor((tokens,), "fp32")
             npu.all_reduce(row_stats, ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_max")
@@ -319,48 +369,63 @@ class _Stage:
 
     def backward(self, npu: NPU, grads: _GradReducer | None, tag: str = "") -> None:
         """Backward of one micro-batch; ``grads`` collects the gradients for the data-parallel
-        reduction (the last micro-batch), ``None`` accumulates them locally."""
+        reduction (the last micro-batch), ``None`` accumulates them locally. Each layer's saved
+        tensors are freed once its backward is done; each gradient once the next op used it."""
         x, norm_w, tp_ranks, tp_reduce, fa = self.x, self.norm_w, self.tp_ranks, self.tp_reduce, self.fa
         h, d, heads, kv_heads, tokens, dtype = self.h, self.d, self.heads, self.kv_heads, self.tokens, self.dtype
         ffn, vocab, qkv_width, act = self.ffn, self.vocab, self.qkv_width, self.act
+        saved = self.saved.pop(tag, [])
         if self.has_head:
-            dlogits = npu.cross_entropy_grad(self.logits, name=f"{tag}loss.grad")
-            npu.matmul(dlogits, self.w(h, vocab), transpose_b=True, name=f"{tag}lm_head.grad_input")
+            logits = self.logits.pop(tag)
+            dlogits = npu.cross_entropy_grad(logits, name=f"{tag}loss.grad")
+            del logits
+            dy = npu.matmul(dlogits, self.w(h, vocab), transpose_b=True, name=f"{tag}lm_head.grad_input")
             npu.matmul(x, dlogits, transpose_a=True, name=f"{tag}lm_head.grad_weight")
+            del dlogits
             if grads is not None:
                 grads.add(h * vocab + h, "lm_head")  # LM head and final norm
             if tp_reduce:
-                npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}lm_head.grad_input.tp_allreduce")
-            npu.rms_norm_grad(x, x, norm_w, name=f"{tag}final_norm.grad")
+                dy = npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}lm_head.grad_input.tp_allreduce")
+            dy = npu.rms_norm_grad(x, x, norm_w, name=f"{tag}final_norm.grad")
+            if saved:
+                saved.pop()  # the final norm's input and output
         qkv_grad = Tensor((tokens, qkv_width), dtype)
         gate_up_grad = Tensor((tokens, 2 * ffn), dtype)
         attn_out = Tensor((tokens, heads * d), dtype)
         for layer in reversed(self.layers):
             p = f"{tag}layers.{layer}"
-            npu.matmul(x, self.w_down, transpose_b=True, name=f"{p}.mlp.down_proj.grad_input")
+            g = npu.matmul(x, self.w_down, transpose_b=True, name=f"{p}.mlp.down_proj.grad_input")
             npu.matmul(act, x, transpose_a=True, name=f"{p}.mlp.down_proj.grad_weight")
-            npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_gate")
-            npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_up")
-            npu.silu_grad(act, act, name=f"{p}.mlp.act.grad")
-            npu.matmul(gate_up_grad, self.w_gate_up, transpose_b=True, name=f"{p}.mlp.gate_up_proj.grad_input")
+            g_gate = npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_gate")
+            g_up = npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_up")
+            del g
+            g_gate = npu.silu_grad(act, act, name=f"{p}.mlp.act.grad")
+            g = npu.matmul(gate_up_grad, self.w_gate_up, transpose_b=True, name=f"{p}.mlp.gate_up_proj.grad_input")
             npu.matmul(x, gate_up_grad, transpose_a=True, name=f"{p}.mlp.gate_up_proj.grad_weight")
+            del g_gate, g_up
             if tp_reduce:
-                npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.grad_tp_allreduce")
-            npu.rms_norm_grad(x, x, norm_w, name=f"{p}.post_attention_layernorm.grad")
-            npu.add(x, x, name=f"{p}.mlp.residual.grad")
-            npu.matmul(x, self.w_o, transpose_b=True, name=f"{p}.attn.o_proj.grad_input")
+                g = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.grad_tp_allreduce")
+            g = npu.rms_norm_grad(x, x, norm_w, name=f"{p}.post_attention_layernorm.grad")
+            dy = npu.add(x, x, name=f"{p}.mlp.residual.grad")
+            g = npu.matmul(x, self.w_o, transpose_b=True, name=f"{p}.attn.o_proj.grad_input")
             npu.matmul(attn_out, x, transpose_a=True, name=f"{p}.attn.o_proj.grad_weight")
-            npu.flash_attention_grad(self.q, self.kv, self.kv, self.q, name=f"{p}.attn.core.grad", **fa)
-            npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
-            npu.matmul(qkv_grad, self.w_qkv, transpose_b=True, name=f"{p}.attn.qkv_proj.grad_input")
+            dq_dk_dv = npu.flash_attention_grad(self.q, self.kv, self.kv, self.q, name=f"{p}.attn.core.grad", **fa)
+            del g
+            g = npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
+            del dq_dk_dv
+            g = npu.matmul(qkv_grad, self.w_qkv, transpose_b=True, name=f"{p}.attn.qkv_proj.grad_input")
             npu.matmul(x, qkv_grad, transpose_a=True, name=f"{p}.attn.qkv_proj.grad_weight")
             if tp_reduce:
-                npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.grad_tp_allreduce")
-            npu.rms_norm_grad(x, x, norm_w, name=f"{p}.input_layernorm.grad")
-            npu.add(x, x, name=f"{p}.attn.residual.grad")
+                g = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.grad_tp_allreduce")
+            g = npu.rms_norm_grad(x, x, norm_w, name=f"{p}.input_layernorm.grad")
+            dy = npu.add(x, x, name=f"{p}.attn.residual.grad")
+            del g
+            if saved:
+                saved.pop()  # this layer's activations go back to the allocator
             if grads is not None:
                 grads.add(h * qkv_width + heads * d * h + 3 * h * ffn + 2 * h, p)
         npu.embedding_grad(x, self.ids, self.table, name=f"{tag}embed_tokens.grad")
+        del dy
         if grads is not None:
             grads.add(vocab * h, "embed_tokens")
 
