@@ -13,10 +13,10 @@ from simulator.profile import OpRecord, Profile
 
 from .baseline import OpStats
 from .compare import CounterChange, RunComparison
+from .severity import Severity, grade_share
 
-#: Severity by the share of the baseline step time the regression costs.
-SEVERITY_CRITICAL_STEP_FRAC = 0.05
-SEVERITY_MAJOR_STEP_FRAC = 0.01
+#: Severity of a regressed peak memory or allocator time (no share of the step to grade by).
+MEMORY_REGRESSION_SEVERITY: Severity = "warning"
 #: Call sites listed per regressed op type.
 MAX_CALL_SITES = 3
 #: A last wave that keeps fewer than this share of the cores busy is an idle last wave...
@@ -34,24 +34,18 @@ CUBE_OP_TYPES = ("MatMul", "BatchMatMul", "FlashAttention", "FlashAttentionGrad"
 
 @dataclass(frozen=True)
 class Finding:
-    """One regressed op type, explained."""
+    """One regressed op type, explained. ``severity`` on the scale of :mod:`pytest_oam.severity`:
+    by the share of the baseline step the regression costs (a new op type: by its own time when
+    the step regressed, else ``info``; peak memory and allocator time: ``warning``)."""
 
     op_type: str
-    severity: str
+    severity: Severity
     delta_s: float
     step_share_frac: float
     counters: list[CounterChange]
     call_sites: list[tuple[str, float]]
     advice: list[str]
     kind: str = "regressed"  # or "new": an op type the baseline does not have
-
-
-def _severity(step_share: float) -> str:
-    if step_share >= SEVERITY_CRITICAL_STEP_FRAC:
-        return "critical"
-    if step_share >= SEVERITY_MAJOR_STEP_FRAC:
-        return "major"
-    return "minor"
 
 
 def memory_bound(mte2_ratio: float, mac_ratio: float, vec_ratio: float) -> float:
@@ -108,7 +102,7 @@ def _memory_finding(v) -> Finding:
         what = f"time in the allocator per step grew {v.change_frac * 100:+.1f}%"
         tip = ("more or different-sized allocations each step: reuse buffers, pre-allocate a pool for tensors "
                "whose size changes every step, or enable expandable_segments")
-    return Finding(op_type=v.op_type, severity="major", delta_s=0.0, step_share_frac=0.0, counters=[],
+    return Finding(op_type=v.op_type, severity=MEMORY_REGRESSION_SEVERITY, delta_s=0.0, step_share_frac=0.0, counters=[],
                    call_sites=[], advice=[f"{what}: {tip}"])
 
 
@@ -148,7 +142,7 @@ def diagnose(
         findings.append(
             Finding(
                 op_type=v.op_type,
-                severity=_severity(share),
+                severity=grade_share(share),
                 delta_s=delta,
                 step_share_frac=share,
                 counters=counters,
@@ -164,7 +158,7 @@ def diagnose(
         findings.append(
             Finding(
                 op_type=v.op_type,
-                severity=_severity(share) if step_regressed else "minor",
+                severity=grade_share(share) if step_regressed else "info",
                 delta_s=v.current_s,
                 step_share_frac=share,
                 counters=[],

@@ -3,8 +3,8 @@
 Each rule reads a :class:`RuleContext` (the profile, the hardware, the rule's thresholds) and
 returns :class:`RuleFinding` objects: rule id, severity, op, location in the user's code,
 evidence, what to do and the time a fix would save. Performance findings are graded by that
-gain as a share of the step time (:data:`SERIOUS_STEP_FRAC`, :data:`WARNING_STEP_FRAC`);
-smaller ones are not reported, so a healthy run stays quiet. Correctness findings (NaN/Inf,
+gain as a share of the step time on the one scale of :mod:`pytest_oam.severity`;
+``info`` ones (below 3%) are not reported, so a healthy run stays quiet. Correctness findings (NaN/Inf,
 fp16 overflow, shape mismatch, out-of-bounds views, read from ``OpRecord.checks``) are
 ``fatal``: they fail the test even without a baseline. Every threshold lives in its
 rule's ``thresholds`` and can be changed per project (ini ``oam_rule_thresholds``); rules can
@@ -23,20 +23,16 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from simulator.hardware import HardwareSpec
 from simulator.profile import OpRecord, Profile
 from simulator.units import FP16_MAX
 
 from .diagnosis import memory_bound, shape_findings
+from .severity import SERIOUS_STEP_FRAC, SEVERITY_ORDER, WARNING_STEP_FRAC, Severity, grade_share
 
-Severity = Literal["fatal", "serious", "warning"]
-SEVERITY_ORDER = ("fatal", "serious", "warning")
-#: A performance finding whose fix would save at least this share of the step is serious...
-SERIOUS_STEP_FRAC = 0.05
-#: ... and at least this share a warning; below it, it is not reported.
-WARNING_STEP_FRAC = 0.03
+__all__ = ["RULES", "SERIOUS_STEP_FRAC", "SEVERITY_ORDER", "WARNING_STEP_FRAC", "Rule", "RuleContext",
+           "RuleFinding", "Severity", "check_rules", "grade", "parse_rule_thresholds", "rule", "run_rules"]
 
 
 @dataclass(frozen=True)
@@ -124,13 +120,10 @@ def rule(rule_id: str, title: str, *, needs_hardware: bool = True,
 
 
 def grade(gain_s: float, step_s: float) -> Severity | None:
-    """Severity of a performance finding by its gain's share of the step (``None``: too small)."""
-    share = gain_s / step_s if step_s > 0 else 0.0
-    if share >= SERIOUS_STEP_FRAC:
-        return "serious"
-    if share >= WARNING_STEP_FRAC:
-        return "warning"
-    return None
+    """Severity of a performance finding by its gain's share of the step (:func:`grade_share`);
+    ``None`` for ``info`` (below :data:`WARNING_STEP_FRAC`), which the rules do not report."""
+    severity = grade_share(gain_s / step_s if step_s > 0 else 0.0)
+    return None if severity == "info" else severity
 
 
 def _finding(ctx: RuleContext, rule_id: str, op: OpRecord, gain_s: float, description: str,
