@@ -5,7 +5,7 @@ returns :class:`RuleFinding` objects: rule id, severity, op, location in the use
 evidence, what to do and the time a fix would save. Performance findings are graded by that
 gain as a share of the step time on the one scale of :mod:`pytest_oam.severity`;
 ``info`` ones (below 3%) are not reported, so a healthy run stays quiet. Correctness findings (NaN/Inf,
-fp16 overflow, shape mismatch, out-of-bounds views, read from ``OpRecord.checks``) are
+fp16 overflow, shape mismatch, out-of-bounds views and copies, read from ``OpRecord.checks``) are
 ``fatal``: they fail the test even without a baseline. Every threshold lives in its
 rule's ``thresholds`` and can be changed per project (ini ``oam_rule_thresholds``); rules can
 be switched off (``oam_disable_rules``); projects add their own with :func:`rule` or the
@@ -518,12 +518,19 @@ def shape_mismatch(ctx: RuleContext) -> Iterable[RuleFinding]:
 
 @rule("out-of-bounds", "View or DMA reaching past its allocation")
 def out_of_bounds(ctx: RuleContext) -> Iterable[RuleFinding]:
-    """Call sites of views (``npu.view``) that reach past the end of their tensor's allocation:
-    on the device they read or overwrite whatever lies beyond it."""
+    """Call sites of views (``npu.view``) and copies (``npu.memcpy``, op type ``Memcpy``) that
+    reach past the end of their tensor's allocation: on the device they read or overwrite
+    whatever lies beyond it."""
     sites = _by_call_site(op for op in ctx.profile.ops if op.checks is not None and op.checks.out_of_bounds_elements)
     for ops in sites.values():
         op = max(ops, key=lambda o: o.checks.out_of_bounds_elements)
         c = op.checks
+        if op.op_type == "Memcpy":
+            yield _fatal("out-of-bounds", op, _copy_overrun(op) + _calls(ops),
+                         "fix the copy's size or offsets: offset + nbytes must stay within each tensor's allocation "
+                         "(aclrtMemcpy returns ACL_ERROR_INVALID_PARAM, torch raises on mismatched slices; on the "
+                         "device it corrupts or reads whatever lies beyond)")
+            continue
         base = op.input_shapes[0] if op.input_shapes else []
         offset = op.attrs.get("offset_elements", 0)
         where = f"at offset {offset} into a {base} tensor of {math.prod(base)} elements"
@@ -537,6 +544,22 @@ def out_of_bounds(ctx: RuleContext) -> Iterable[RuleFinding]:
             "fix the view's offset or shape: offset + elements must stay within the tensor (torch raises "
             "'setStorage: ... out of bounds'); slice with the tensor's own strides instead of raw offsets",
         )
+
+
+def _copy_overrun(op: OpRecord) -> str:
+    """The evidence of an out-of-bounds ``Memcpy`` record, from its attributes."""
+    a = op.attrs
+    parts = []
+    for label, verb, noun in (("src", "reads", "source"), ("dst", "writes", "destination")):
+        past = a.get(f"{label}_past_bytes", 0)
+        if past:
+            start = a[f"{label}_allocation_offset_bytes"]
+            within = f", from its byte {start}" if start != a[f"{label}_offset_bytes"] else ""  # a view
+            parts.append(f"{verb} {past} bytes past the end of the {noun}'s allocation of "
+                         f"{a[f'{label}_allocation_bytes']} bytes{within}")
+    shapes = op.input_shapes
+    return (f"{op.name}: a copy of {a['nbytes']} bytes ({op.dtype}) from byte {a['src_offset_bytes']} of a {shapes[1]} "
+            f"source into byte {a['dst_offset_bytes']} of a {shapes[0]} destination {' and '.join(parts)}")
 
 
 # -- running the rules ---------------------------------------------------------------------------
