@@ -17,6 +17,7 @@ Like the comparison, this module imports neither pytest nor the simulator runtim
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -28,7 +29,13 @@ from simulator.hardware import HardwareSpec
 from simulator.profile import OpRecord, Profile
 from simulator.units import FP16_MAX
 
-from .diagnosis import memory_bound, shape_findings
+from .diagnosis import (
+    AlignmentGain,
+    alignment_gain,
+    memory_bound,
+    misalignment_findings,
+    shape_findings,
+)
 from .severity import SERIOUS_STEP_FRAC, SEVERITY_ORDER, WARNING_STEP_FRAC, Severity, grade_share
 
 __all__ = ["RULES", "SERIOUS_STEP_FRAC", "SEVERITY_ORDER", "WARNING_STEP_FRAC", "Rule", "RuleContext",
@@ -184,7 +191,12 @@ def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
 @rule("low-ai-core-utilization", "Low AI Core utilisation: no pipe busy", busy_frac=0.8, min_duration_s=20e-6)
 def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Compute ops longer than ``min_duration_s`` whose busiest pipe (mac, vec, mte2 ratios)
-    stays at or below ``busy_frac``: the cores wait; the shape findings say why."""
+    stays at or below ``busy_frac``: the cores wait; the shape findings say why.
+
+    Gain: when the shape is misaligned (padding to the Cube fractal, a nearly empty last tile,
+    a sequence that is not a multiple of the block) and re-costing the calls with the axes
+    aligned (:func:`~pytest_oam.diagnosis.alignment_gain`) saves at least the warning share
+    of the step, that saving; otherwise the time the busiest pipe idles (an upper bound)."""
     for ops in _by_call_site(op for op in ctx.step0_ops() if op.stream == "compute").values():
         op = max(ops, key=lambda o: o.duration_s)
         busiest = max(op.mac_ratio, op.vec_ratio, op.mte2_ratio)
@@ -192,18 +204,49 @@ def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
             continue
         if op.overlap_frac is not None and op.overlap_frac < LOW_OVERLAP_FRAC:
             continue  # the pipeline does not overlap: low-overlap reports this op, with the cause
-        gain = sum(o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)) for o in ops)
-        reasons = shape_findings(op, ctx.hardware)
+        aligned = _alignment_gains(ops, ctx.hardware)
+        align_gain_s = sum(a.gain_s for a in aligned.values() if a is not None)
+        if aligned.get(_shape_key(op)) is not None and grade(align_gain_s, ctx.step_time_s):
+            gain = align_gain_s
+            reason = aligned[_shape_key(op)]
+            why = "; ".join([*misalignment_findings(op, ctx.hardware), reason.describe()])
+        else:
+            gain = sum(o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)) for o in ops)
+            misaligned = misalignment_findings(op, ctx.hardware)
+            reasons = [text for text in shape_findings(op, ctx.hardware) if text not in misaligned][:1]
+            if aligned.get(_shape_key(op)) is not None:  # misaligned, but aligning would not help much
+                a = aligned[_shape_key(op)]
+                reasons.append(f"aligning it ({', '.join(a.changes)}) would save only {a.gain_s / len(ops) * 1e6:.1f} us "
+                               "per call by the cost model")
+            why = "; ".join(reasons)
         found = _finding(
             ctx, "low-ai-core-utilization", op, gain,
             f"{op.op_type} {op.input_shapes}: busiest pipe {busiest * 100:.0f}% (mac_ratio {op.mac_ratio:.2f}, "
             f"vec_ratio {op.vec_ratio:.2f}, mte2_ratio {op.mte2_ratio:.2f}) over {len(ops)} calls"
-            + (f"; {reasons[0]}" if reasons else ""),
+            + (f"; {why}" if why else ""),
             "give the kernel more, better-shaped work: align the axes to the Cube tiles (16/128/256) "
             "and size the work as a multiple of the AI Cores, or fuse it with its neighbours",
         )
         if found:
             yield found
+
+
+def _shape_key(op: OpRecord) -> tuple:
+    return op.op_type, str(op.input_shapes), op.dtype, str(sorted(op.attrs.items()))
+
+
+def _alignment_gains(ops: list[OpRecord], hw: HardwareSpec) -> dict[tuple, AlignmentGain | None]:
+    """Per call of ``ops``, keyed by :func:`_shape_key`: the re-costed gain of aligning its shape
+    (calls of one shape are costed once; a key maps to the gain of one call times the calls)."""
+    per_call: dict[tuple, AlignmentGain | None] = {}
+    counts: dict[tuple, int] = defaultdict(int)
+    for o in ops:
+        key = _shape_key(o)
+        counts[key] += 1
+        if key not in per_call:
+            per_call[key] = alignment_gain(o, hw)
+    return {key: None if g is None else dataclasses.replace(g, gain_s=g.gain_s * counts[key])
+            for key, g in per_call.items()}
 
 
 def _memory_util_frac(op: OpRecord, hw: HardwareSpec) -> float:
