@@ -17,7 +17,6 @@ Like the comparison, this module imports neither pytest nor the simulator runtim
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import statistics
@@ -205,18 +204,17 @@ def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
         if op.overlap_frac is not None and op.overlap_frac < LOW_OVERLAP_FRAC:
             continue  # the pipeline does not overlap: low-overlap reports this op, with the cause
         aligned = _alignment_gains(ops, ctx.hardware)
-        align_gain_s = sum(a.gain_s for a in aligned.values() if a is not None)
-        if aligned.get(_shape_key(op)) is not None and grade(align_gain_s, ctx.step_time_s):
+        align_gain_s = sum(gain.gain_s * calls for gain, calls in aligned.values() if gain is not None)
+        this = aligned[_shape_key(op)][0]  # aligning the longest call: what the evidence shows
+        if this is not None and grade(align_gain_s, ctx.step_time_s):
             gain = align_gain_s
-            reason = aligned[_shape_key(op)]
-            why = "; ".join([*misalignment_findings(op, ctx.hardware), reason.describe()])
+            why = "; ".join([*misalignment_findings(op, ctx.hardware), this.describe()])
         else:
             gain = sum(o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)) for o in ops)
             misaligned = misalignment_findings(op, ctx.hardware)
             reasons = [text for text in shape_findings(op, ctx.hardware) if text not in misaligned][:1]
-            if aligned.get(_shape_key(op)) is not None:  # misaligned, but aligning would not help much
-                a = aligned[_shape_key(op)]
-                reasons.append(f"aligning it ({', '.join(a.changes)}) would save only {a.gain_s / len(ops) * 1e6:.1f} us "
+            if this is not None:  # misaligned, but re-costing shows aligning would not help much
+                reasons.append(f"aligning it ({', '.join(this.changes)}) would save only {this.gain_s * 1e6:.1f} us "
                                "per call by the cost model")
             why = "; ".join(reasons)
         found = _finding(
@@ -235,18 +233,15 @@ def _shape_key(op: OpRecord) -> tuple:
     return op.op_type, str(op.input_shapes), op.dtype, str(sorted(op.attrs.items()))
 
 
-def _alignment_gains(ops: list[OpRecord], hw: HardwareSpec) -> dict[tuple, AlignmentGain | None]:
-    """Per call of ``ops``, keyed by :func:`_shape_key`: the re-costed gain of aligning its shape
-    (calls of one shape are costed once; a key maps to the gain of one call times the calls)."""
-    per_call: dict[tuple, AlignmentGain | None] = {}
-    counts: dict[tuple, int] = defaultdict(int)
+def _alignment_gains(ops: list[OpRecord], hw: HardwareSpec) -> dict[tuple, tuple[AlignmentGain | None, int]]:
+    """Per shape of the calls ``ops`` (keyed by :func:`_shape_key`): the re-costed gain of
+    aligning one such call (:func:`~pytest_oam.diagnosis.alignment_gain`) and the number of calls."""
+    out: dict[tuple, tuple[AlignmentGain | None, int]] = {}
     for o in ops:
         key = _shape_key(o)
-        counts[key] += 1
-        if key not in per_call:
-            per_call[key] = alignment_gain(o, hw)
-    return {key: None if g is None else dataclasses.replace(g, gain_s=g.gain_s * counts[key])
-            for key, g in per_call.items()}
+        gain, calls = out[key] if key in out else (alignment_gain(o, hw), 0)
+        out[key] = (gain, calls + 1)
+    return out
 
 
 def _memory_util_frac(op: OpRecord, hw: HardwareSpec) -> float:
