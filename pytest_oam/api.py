@@ -350,6 +350,11 @@ class Regression:
     limit_frac: float
 
 
+#: Version of :meth:`ComparisonReport.to_json` (``oam compare --format json``). 2: the findings'
+#: severities are on the one scale of :mod:`pytest_oam.severity` (version 1: critical / major / minor).
+COMPARISON_SCHEMA_VERSION = 2
+
+
 @dataclass(frozen=True)
 class ComparisonReport:
     """The result of :func:`compare_profiles`: status, verdicts, regressions and findings."""
@@ -404,7 +409,7 @@ class ComparisonReport:
 
     def to_json(self) -> str:
         data = {
-            "schema_version": 1,
+            "schema_version": COMPARISON_SCHEMA_VERSION,
             "status": self.status,
             "hardware": None if self.current_run is None else self.current_run.hardware,
             "devices": None if self.current_run is None else self.current_run.devices,

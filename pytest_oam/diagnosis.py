@@ -13,10 +13,10 @@ from simulator.profile import OpRecord, Profile
 
 from .baseline import OpStats
 from .compare import CounterChange, RunComparison
+from .severity import Severity, grade_share
 
-#: Severity by the share of the baseline step time the regression costs.
-SEVERITY_CRITICAL_STEP_FRAC = 0.05
-SEVERITY_MAJOR_STEP_FRAC = 0.01
+#: Severity of a regressed peak memory or allocator time (no share of the step to grade by).
+MEMORY_REGRESSION_SEVERITY: Severity = "warning"
 #: Call sites listed per regressed op type.
 MAX_CALL_SITES = 3
 #: A last wave that keeps fewer than this share of the cores busy is an idle last wave...
@@ -34,24 +34,18 @@ CUBE_OP_TYPES = ("MatMul", "BatchMatMul", "FlashAttention", "FlashAttentionGrad"
 
 @dataclass(frozen=True)
 class Finding:
-    """One regressed op type, explained."""
+    """One regressed op type, explained. ``severity`` on the scale of :mod:`pytest_oam.severity`:
+    by the share of the baseline step the regression costs (a new op type: by its own time when
+    the step regressed, else ``info``; peak memory and allocator time: ``warning``)."""
 
     op_type: str
-    severity: str
+    severity: Severity
     delta_s: float
     step_share_frac: float
     counters: list[CounterChange]
     call_sites: list[tuple[str, float]]
     advice: list[str]
     kind: str = "regressed"  # or "new": an op type the baseline does not have
-
-
-def _severity(step_share: float) -> str:
-    if step_share >= SEVERITY_CRITICAL_STEP_FRAC:
-        return "critical"
-    if step_share >= SEVERITY_MAJOR_STEP_FRAC:
-        return "major"
-    return "minor"
 
 
 def memory_bound(mte2_ratio: float, mac_ratio: float, vec_ratio: float) -> float:
@@ -108,7 +102,7 @@ def _memory_finding(v) -> Finding:
         what = f"time in the allocator per step grew {v.change_frac * 100:+.1f}%"
         tip = ("more or different-sized allocations each step: reuse buffers, pre-allocate a pool for tensors "
                "whose size changes every step, or enable expandable_segments")
-    return Finding(op_type=v.op_type, severity="major", delta_s=0.0, step_share_frac=0.0, counters=[],
+    return Finding(op_type=v.op_type, severity=MEMORY_REGRESSION_SEVERITY, delta_s=0.0, step_share_frac=0.0, counters=[],
                    call_sites=[], advice=[f"{what}: {tip}"])
 
 
@@ -148,7 +142,7 @@ def diagnose(
         findings.append(
             Finding(
                 op_type=v.op_type,
-                severity=_severity(share),
+                severity=grade_share(share),
                 delta_s=delta,
                 step_share_frac=share,
                 counters=counters,
@@ -164,7 +158,7 @@ def diagnose(
         findings.append(
             Finding(
                 op_type=v.op_type,
-                severity=_severity(share) if step_regressed else "minor",
+                severity=grade_share(share) if step_regressed else "info",
                 delta_s=v.current_s,
                 step_share_frac=share,
                 counters=[],
@@ -216,6 +210,33 @@ def _padding_finding(axis: str, value: int, fractal: int) -> str | None:
     return None
 
 
+def _shape_reasons(record: OpRecord, hw: HardwareSpec) -> list[tuple[str | None, int, str]]:
+    """:func:`shape_findings` with, for each, the axis it is about and the multiple that axis
+    wants (``(None, 0, text)`` for the wave findings, which are about the work split)."""
+    from simulator.costs import matmul_tile
+
+    cube = record.op_type in CUBE_OP_TYPES
+    cores = hw.ai_core.count if cube else hw.ai_core.vector_core_count
+    reasons: list[tuple[str | None, int, str | None]] = [(None, 0, _wave_finding(record, cores,
+                                                                               "AI Cores" if cube else "Vector units"))]
+    fractal = hw.cube_unit.fractal_k
+    if record.op_type in ("MatMul", "BatchMatMul") and len(record.input_shapes) == 2:
+        (*_, m, k), (*_, n) = record.input_shapes[0], record.input_shapes[1]
+        m_t, n_t = matmul_tile(m, n, hw)
+        reasons += [("M", m_t, _tile_finding("M", m, m_t, "tile row")), ("N", n_t, _tile_finding("N", n, n_t, "tile column"))]
+        reasons += [(axis, fractal, _padding_finding(axis, v, fractal)) for axis, v in (("M", m), ("K", k), ("N", n))]
+    elif record.op_type in ("FlashAttention", "FlashAttentionGrad") and record.input_shapes:
+        _, _, seq, head_dim = record.input_shapes[0]
+        block = int(record.attrs.get("block_size", 128))
+        rem = seq % block
+        if rem:
+            text = (f"seq = {seq} is not a multiple of block_size {block}: each query row's last K/V block is "
+                    f"{rem / block * 100:.0f}% full, and the last query block too")
+            reasons.append(("seq", block, text))
+        reasons.append(("head_dim", fractal, _padding_finding("head_dim", head_dim, fractal)))
+    return [(axis, unit, text) for axis, unit, text in reasons if text]
+
+
 def shape_findings(record: OpRecord, hw: HardwareSpec) -> list[str]:
     """Why this call's shape runs below its shape class: idle last wave, a nearly empty last
     tile, padding to the Cube fractal, a sequence that is not a multiple of the block size.
@@ -224,23 +245,84 @@ def shape_findings(record: OpRecord, hw: HardwareSpec) -> list[str]:
     count and tiles. Thresholds: :data:`IDLE_LAST_WAVE_FRAC`, :data:`NEARLY_EMPTY_TILE_FRAC`,
     :data:`PADDING_WASTE_FRAC`.
     """
-    from simulator.costs import matmul_tile
+    return [text for _, _, text in _shape_reasons(record, hw)]
 
-    cube = record.op_type in CUBE_OP_TYPES
-    cores = hw.ai_core.count if cube else hw.ai_core.vector_core_count
-    findings = [_wave_finding(record, cores, "AI Cores" if cube else "Vector units")]
-    fractal = hw.cube_unit.fractal_k
-    if record.op_type in ("MatMul", "BatchMatMul") and len(record.input_shapes) == 2:
-        (*_, m, k), (*_, n) = record.input_shapes[0], record.input_shapes[1]
-        m_t, n_t = matmul_tile(m, n, hw)
-        findings += [_tile_finding("M", m, m_t, "tile row"), _tile_finding("N", n, n_t, "tile column")]
-        findings += [_padding_finding(axis, v, fractal) for axis, v in (("M", m), ("K", k), ("N", n))]
-    elif record.op_type in ("FlashAttention", "FlashAttentionGrad") and record.input_shapes:
-        _, _, seq, head_dim = record.input_shapes[0]
-        block = int(record.attrs.get("block_size", 128))
-        rem = seq % block
-        if rem:
-            findings.append(f"seq = {seq} is not a multiple of block_size {block}: each query row's last K/V "
-                            f"block is {rem / block * 100:.0f}% full, and the last query block too")
-        findings.append(_padding_finding("head_dim", head_dim, fractal))
-    return [f for f in findings if f]
+
+def misalignment_findings(record: OpRecord, hw: HardwareSpec) -> list[str]:
+    """The :func:`shape_findings` about an axis that is not aligned (padding, a nearly empty
+    last tile, a sequence that is not a multiple of the block), not about the work split."""
+    return [text for axis, _, text in _shape_reasons(record, hw) if axis is not None]
+
+
+#: Attributes of a record that say how a call ran, not what it computes; left out when re-costing.
+_RUN_ATTRS = ("wait_hccl_op", "wait_time_s", "link_bandwidth_frac", "async_op")
+
+
+@dataclass(frozen=True)
+class AlignmentGain:
+    """What aligning one call's shape would save, re-costed by the simulator's cost model.
+
+    ``time_s`` is the call as it is and ``aligned_time_s`` the aligned call (seconds, from
+    :func:`simulator.costs.op_cost`, without stalls or injected slowdowns); ``work_frac`` is the
+    call's FLOP over the aligned call's. ``gain_s = max(0, time_s - aligned_time_s x work_frac)``:
+    the time the call's work would take at the aligned shape's rate.
+    """
+
+    changes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    time_s: float
+    aligned_time_s: float
+    work_frac: float
+    gain_s: float
+
+    def describe(self) -> str:
+        return (f"aligned ({', '.join(self.changes)}) the cost model gives {self.aligned_time_s * 1e6:.1f} us for "
+                f"{100 / self.work_frac:.4g}% of the work, so this call's work would take "
+                f"{self.aligned_time_s * self.work_frac * 1e6:.1f} us instead of {self.time_s * 1e6:.1f} us")
+
+
+def alignment_gain(record: OpRecord, hw: HardwareSpec) -> AlignmentGain | None:
+    """Re-cost a Cube op call with the axes :func:`shape_findings` flags (padding to the Cube
+    fractal, a nearly empty last tile, a sequence that is not a multiple of the block) aligned:
+    each rounded down to the multiple it wants (up when it is smaller than one multiple).
+
+    Rounding down keeps the comparison conservative: a smaller shape never gets credit for the
+    higher arithmetic intensity of a larger one, so for a memory-bound op the estimate errs low.
+    ``None``: no axis to align, or the cost model cannot cost the aligned call.
+    """
+    from simulator.costs import OpSpec, op_cost
+
+    axes: dict[str, int] = {}
+    for axis, unit, _ in _shape_reasons(record, hw):
+        if axis is not None and axis not in axes:
+            axes[axis] = unit  # the first reason about an axis (the tile, before the fractal) decides
+    if not axes:
+        return None
+    shapes = [list(s) for s in record.input_shapes]
+    # where each axis lives: (shape index, axis index) pairs
+    if record.op_type in ("MatMul", "BatchMatMul"):
+        where = {"M": [(0, -2)], "K": [(0, -1), (1, -2)], "N": [(1, -1)]}
+    else:
+        seq = shapes[0][2]
+        where = {"seq": [(i, 2) for i, s in enumerate(shapes) if s[2] == seq],
+                 "head_dim": [(i, 3) for i in range(len(shapes))]}
+    changes = []
+    for axis, unit in axes.items():
+        i, j = where[axis][0]
+        value = shapes[i][j]
+        aligned = value // unit * unit if value >= unit else unit
+        changes.append(f"{axis} {value} -> {aligned}")
+        for i, j in where[axis]:
+            shapes[i][j] = aligned
+    attrs = tuple(sorted((k, v) for k, v in record.attrs.items() if k not in _RUN_ATTRS))
+    as_is = OpSpec(record.op_type, tuple(tuple(s) for s in record.input_shapes), record.dtype, attrs)
+    new = OpSpec(record.op_type, tuple(tuple(s) for s in shapes), record.dtype, attrs)
+    try:
+        cost, aligned_cost = op_cost(as_is, hw), op_cost(new, hw)
+    except (KeyError, ValueError):
+        return None
+    if cost.flop <= 0 or aligned_cost.flop <= 0:
+        return None
+    work_frac = cost.flop / aligned_cost.flop
+    gain_s = max(0.0, cost.duration_s - aligned_cost.duration_s * work_frac)
+    return AlignmentGain(tuple(changes), new.shapes, cost.duration_s, aligned_cost.duration_s, work_frac, gain_s)

@@ -29,7 +29,9 @@ from simulator.profile import Profile
 from .baseline import BaselineFile
 from .report import GateReport
 
-SCHEMA_VERSION = 1
+#: 2: the gate result uses one severity scale (see :data:`pytest_oam.report.REPORT_SCHEMA_VERSION`);
+#: version 1 records are upgraded when read.
+SCHEMA_VERSION = 2
 RECORD_KIND = "pytest-oam-record"
 RECORD_MODES = ("failed", "all", "none")
 DEFAULT_RECORD_DIR = ".oam/records"
@@ -62,10 +64,10 @@ class RecordedRun(BaseModel):
 
 
 class RecordFile(BaseModel):
-    """Schema version 1 of a record file (``*.oam.json.gz``)."""
+    """Schema version 2 of a record file (``*.oam.json.gz``)."""
 
     model_config = _CONFIG
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     kind: Literal["pytest-oam-record"] = RECORD_KIND
     pytest_oam_version: str
     simulator_version: str
@@ -99,7 +101,8 @@ def write_record(path: Path, record: RecordFile) -> None:
 
 
 def load_record(path: Path) -> RecordFile:
-    """Read and validate a record file (gzip-compressed or plain JSON).
+    """Read and validate a record file (gzip-compressed or plain JSON); a version 1 record is
+    upgraded (its gate's regression findings put on the one severity scale).
 
     Raises:
         RecordError: the file cannot be read, is not gzip or JSON, is not a record, has another
@@ -125,9 +128,13 @@ def load_record(path: Path) -> RecordFile:
     if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
         what = "a baseline file" if isinstance(data, dict) and "runs" in data and "nodeid" in data else "not a record"
         raise RecordError(f"{path}: is {what}; oam replay reads the *.oam.json.gz files that --oam-record writes")
+    if data.get("schema_version") == 1 and isinstance(data.get("gate"), dict):
+        from .report import upgrade_v1_gate
+
+        data = {**data, "schema_version": SCHEMA_VERSION, "gate": upgrade_v1_gate(data["gate"])}
     if data.get("schema_version") != SCHEMA_VERSION:
         raise RecordError(f"{path}: has schema_version {data.get('schema_version')!r}; "
-                          f"this pytest-oam reads version {SCHEMA_VERSION}")
+                          f"this pytest-oam reads versions 1 and {SCHEMA_VERSION}")
     try:
         return RecordFile.model_validate(data)
     except ValidationError as exc:

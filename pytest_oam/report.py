@@ -17,8 +17,11 @@ from simulator.units import MS_PER_S, US_PER_S, GiB, KiB, MiB
 from .baseline import BaselineFile
 from .compare import RunComparison, Verdict
 from .diagnosis import Finding
+from .severity import Severity
 
-REPORT_SCHEMA_VERSION = 1
+#: 2: one severity scale (fatal / serious / warning / info) for rule findings and for the
+#: explanation of regressions, which version 1 graded critical / major / minor.
+REPORT_SCHEMA_VERSION = 2
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 GateStatus = Literal[
@@ -46,7 +49,8 @@ class FindingReport(BaseModel):
     run: int = Field(ge=0)
     kind: Literal["regressed", "new"]
     op_type: str
-    severity: Literal["critical", "major", "minor"]
+    severity: Severity = Field(description="By the share of the baseline step the regression costs: serious from "
+                               "5%, warning from 3%, info below; peak memory and allocator time: warning")
     delta_s: float
     step_share_frac: float
     counters: dict[str, tuple[float, float]] = Field(description="name -> (baseline, current)")
@@ -60,7 +64,8 @@ class DiagnosisReport(BaseModel):
     model_config = _CONFIG
     run: int = Field(ge=0)
     rule_id: str
-    severity: Literal["fatal", "serious", "warning"]
+    severity: Severity = Field(description="fatal: a correctness problem; performance by the share of the step a fix "
+                               "saves: serious from 5%, warning from 3% (built-in rules report nothing below)")
     op_type: str
     op_name: str
     location: str | None = Field(description="file:line of the user code that launched the op")
@@ -109,7 +114,7 @@ class OamReport(BaseModel):
     """The file ``--oam-report PATH.json`` writes."""
 
     model_config = _CONFIG
-    schema_version: Literal[1] = REPORT_SCHEMA_VERSION
+    schema_version: Literal[2] = REPORT_SCHEMA_VERSION
     pytest_oam_version: str
     baseline_dir: str | None
     tests: list[GateReport]
@@ -284,6 +289,47 @@ def summary_table(tests: list[GateReport], fmt: str = "simple") -> str:
 
 def dump_report(report: OamReport) -> str:
     return json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+#: Version 1's severities of the explanation of a regression, on today's scale. ``major`` (1% to
+#: 5% of the step, or a peak-memory / allocator-time regression) is re-graded from its share.
+_V1_SEVERITY = {"critical": "serious", "minor": "info"}
+
+
+def upgrade_v1_gate(test: dict) -> dict:
+    """One test's gate result (:class:`GateReport` as JSON data) of a version 1 report or record,
+    on the version 2 scale: its regression findings' critical / major / minor become serious /
+    warning / info, a ``major`` one re-graded from its share of the step (peak memory and
+    allocator time: warning). The rule findings already used the scale."""
+    from .severity import grade_share
+    from .thresholds import MEMORY_ROWS
+
+    findings = []
+    for f in test.get("findings", []):
+        old = f.get("severity")
+        if old == "major":
+            new = "warning" if f.get("op_type") in MEMORY_ROWS else grade_share(f.get("step_share_frac", 0.0))
+        else:
+            new = _V1_SEVERITY.get(old, old)  # an unknown value stays, and validation names it
+        findings.append({**f, "severity": new})
+    return {**test, "findings": findings}
+
+
+def load_report(text: str) -> OamReport:
+    """Read the JSON text of an ``--oam-report`` file, version 1 or 2 (version 1 is upgraded).
+
+    Raises:
+        ValueError: not JSON, another schema version, or a document the model rejects
+            (pydantic's ``ValidationError`` is a ``ValueError``; it names the field).
+    """
+    data = json.loads(text)
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version == 1:
+        data = {**data, "schema_version": 2, "tests": [upgrade_v1_gate(t) for t in data.get("tests", [])]}
+    elif version != REPORT_SCHEMA_VERSION:
+        raise ValueError(f"report has schema_version {version!r}; this pytest-oam reads versions 1 and "
+                         f"{REPORT_SCHEMA_VERSION}")
+    return OamReport.model_validate(data)
 
 
 def markdown_report(report: OamReport) -> str:

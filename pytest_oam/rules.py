@@ -3,9 +3,9 @@
 Each rule reads a :class:`RuleContext` (the profile, the hardware, the rule's thresholds) and
 returns :class:`RuleFinding` objects: rule id, severity, op, location in the user's code,
 evidence, what to do and the time a fix would save. Performance findings are graded by that
-gain as a share of the step time (:data:`SERIOUS_STEP_FRAC`, :data:`WARNING_STEP_FRAC`);
-smaller ones are not reported, so a healthy run stays quiet. Correctness findings (NaN/Inf,
-fp16 overflow, shape mismatch, out-of-bounds views, read from ``OpRecord.checks``) are
+gain as a share of the step time on the one scale of :mod:`pytest_oam.severity`;
+``info`` ones (below 3%) are not reported, so a healthy run stays quiet. Correctness findings (NaN/Inf,
+fp16 overflow, shape mismatch, out-of-bounds views and copies, read from ``OpRecord.checks``) are
 ``fatal``: they fail the test even without a baseline. Every threshold lives in its
 rule's ``thresholds`` and can be changed per project (ini ``oam_rule_thresholds``); rules can
 be switched off (``oam_disable_rules``); projects add their own with :func:`rule` or the
@@ -23,20 +23,22 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
 
 from simulator.hardware import HardwareSpec
 from simulator.profile import OpRecord, Profile
 from simulator.units import FP16_MAX
 
-from .diagnosis import memory_bound, shape_findings
+from .diagnosis import (
+    AlignmentGain,
+    alignment_gain,
+    memory_bound,
+    misalignment_findings,
+    shape_findings,
+)
+from .severity import SERIOUS_STEP_FRAC, SEVERITY_ORDER, WARNING_STEP_FRAC, Severity, grade_share
 
-Severity = Literal["fatal", "serious", "warning"]
-SEVERITY_ORDER = ("fatal", "serious", "warning")
-#: A performance finding whose fix would save at least this share of the step is serious...
-SERIOUS_STEP_FRAC = 0.05
-#: ... and at least this share a warning; below it, it is not reported.
-WARNING_STEP_FRAC = 0.03
+__all__ = ["RULES", "SERIOUS_STEP_FRAC", "SEVERITY_ORDER", "WARNING_STEP_FRAC", "Rule", "RuleContext",
+           "RuleFinding", "Severity", "check_rules", "grade", "parse_rule_thresholds", "rule", "run_rules"]
 
 
 @dataclass(frozen=True)
@@ -124,13 +126,10 @@ def rule(rule_id: str, title: str, *, needs_hardware: bool = True,
 
 
 def grade(gain_s: float, step_s: float) -> Severity | None:
-    """Severity of a performance finding by its gain's share of the step (``None``: too small)."""
-    share = gain_s / step_s if step_s > 0 else 0.0
-    if share >= SERIOUS_STEP_FRAC:
-        return "serious"
-    if share >= WARNING_STEP_FRAC:
-        return "warning"
-    return None
+    """Severity of a performance finding by its gain's share of the step (:func:`grade_share`);
+    ``None`` for ``info`` (below :data:`WARNING_STEP_FRAC`), which the rules do not report."""
+    severity = grade_share(gain_s / step_s if step_s > 0 else 0.0)
+    return None if severity == "info" else severity
 
 
 def _finding(ctx: RuleContext, rule_id: str, op: OpRecord, gain_s: float, description: str,
@@ -191,7 +190,12 @@ def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
 @rule("low-ai-core-utilization", "Low AI Core utilisation: no pipe busy", busy_frac=0.8, min_duration_s=20e-6)
 def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Compute ops longer than ``min_duration_s`` whose busiest pipe (mac, vec, mte2 ratios)
-    stays at or below ``busy_frac``: the cores wait; the shape findings say why."""
+    stays at or below ``busy_frac``: the cores wait; the shape findings say why.
+
+    Gain: when the shape is misaligned (padding to the Cube fractal, a nearly empty last tile,
+    a sequence that is not a multiple of the block) and re-costing the calls with the axes
+    aligned (:func:`~pytest_oam.diagnosis.alignment_gain`) saves at least the warning share
+    of the step, that saving; otherwise the time the busiest pipe idles (an upper bound)."""
     for ops in _by_call_site(op for op in ctx.step0_ops() if op.stream == "compute").values():
         op = max(ops, key=lambda o: o.duration_s)
         busiest = max(op.mac_ratio, op.vec_ratio, op.mte2_ratio)
@@ -199,18 +203,45 @@ def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
             continue
         if op.overlap_frac is not None and op.overlap_frac < LOW_OVERLAP_FRAC:
             continue  # the pipeline does not overlap: low-overlap reports this op, with the cause
-        gain = sum(o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)) for o in ops)
-        reasons = shape_findings(op, ctx.hardware)
+        aligned = _alignment_gains(ops, ctx.hardware)
+        align_gain_s = sum(gain.gain_s * calls for gain, calls in aligned.values() if gain is not None)
+        this = aligned[_shape_key(op)][0]  # aligning the longest call: what the evidence shows
+        if this is not None and grade(align_gain_s, ctx.step_time_s):
+            gain = align_gain_s
+            why = "; ".join([*misalignment_findings(op, ctx.hardware), this.describe()])
+        else:
+            gain = sum(o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)) for o in ops)
+            misaligned = misalignment_findings(op, ctx.hardware)
+            reasons = [text for text in shape_findings(op, ctx.hardware) if text not in misaligned][:1]
+            if this is not None:  # misaligned, but re-costing shows aligning would not help much
+                reasons.append(f"aligning it ({', '.join(this.changes)}) would save only {this.gain_s * 1e6:.1f} us "
+                               "per call by the cost model")
+            why = "; ".join(reasons)
         found = _finding(
             ctx, "low-ai-core-utilization", op, gain,
             f"{op.op_type} {op.input_shapes}: busiest pipe {busiest * 100:.0f}% (mac_ratio {op.mac_ratio:.2f}, "
             f"vec_ratio {op.vec_ratio:.2f}, mte2_ratio {op.mte2_ratio:.2f}) over {len(ops)} calls"
-            + (f"; {reasons[0]}" if reasons else ""),
+            + (f"; {why}" if why else ""),
             "give the kernel more, better-shaped work: align the axes to the Cube tiles (16/128/256) "
             "and size the work as a multiple of the AI Cores, or fuse it with its neighbours",
         )
         if found:
             yield found
+
+
+def _shape_key(op: OpRecord) -> tuple:
+    return op.op_type, str(op.input_shapes), op.dtype, str(sorted(op.attrs.items()))
+
+
+def _alignment_gains(ops: list[OpRecord], hw: HardwareSpec) -> dict[tuple, tuple[AlignmentGain | None, int]]:
+    """Per shape of the calls ``ops`` (keyed by :func:`_shape_key`): the re-costed gain of
+    aligning one such call (:func:`~pytest_oam.diagnosis.alignment_gain`) and the number of calls."""
+    out: dict[tuple, tuple[AlignmentGain | None, int]] = {}
+    for o in ops:
+        key = _shape_key(o)
+        gain, calls = out[key] if key in out else (alignment_gain(o, hw), 0)
+        out[key] = (gain, calls + 1)
+    return out
 
 
 def _memory_util_frac(op: OpRecord, hw: HardwareSpec) -> float:
@@ -525,12 +556,19 @@ def shape_mismatch(ctx: RuleContext) -> Iterable[RuleFinding]:
 
 @rule("out-of-bounds", "View or DMA reaching past its allocation")
 def out_of_bounds(ctx: RuleContext) -> Iterable[RuleFinding]:
-    """Call sites of views (``npu.view``) that reach past the end of their tensor's allocation:
-    on the device they read or overwrite whatever lies beyond it."""
+    """Call sites of views (``npu.view``) and copies (``npu.memcpy``, op type ``Memcpy``) that
+    reach past the end of their tensor's allocation: on the device they read or overwrite
+    whatever lies beyond it."""
     sites = _by_call_site(op for op in ctx.profile.ops if op.checks is not None and op.checks.out_of_bounds_elements)
     for ops in sites.values():
         op = max(ops, key=lambda o: o.checks.out_of_bounds_elements)
         c = op.checks
+        if op.op_type == "Memcpy":
+            yield _fatal("out-of-bounds", op, _copy_overrun(op) + _calls(ops),
+                         "fix the copy's size or offsets: offset + nbytes must stay within each tensor's allocation "
+                         "(aclrtMemcpy returns ACL_ERROR_INVALID_PARAM, torch raises on mismatched slices; on the "
+                         "device it corrupts or reads whatever lies beyond)")
+            continue
         base = op.input_shapes[0] if op.input_shapes else []
         offset = op.attrs.get("offset_elements", 0)
         where = f"at offset {offset} into a {base} tensor of {math.prod(base)} elements"
@@ -544,6 +582,22 @@ def out_of_bounds(ctx: RuleContext) -> Iterable[RuleFinding]:
             "fix the view's offset or shape: offset + elements must stay within the tensor (torch raises "
             "'setStorage: ... out of bounds'); slice with the tensor's own strides instead of raw offsets",
         )
+
+
+def _copy_overrun(op: OpRecord) -> str:
+    """The evidence of an out-of-bounds ``Memcpy`` record, from its attributes."""
+    a = op.attrs
+    parts = []
+    for label, verb, noun in (("src", "reads", "source"), ("dst", "writes", "destination")):
+        past = a.get(f"{label}_past_bytes", 0)
+        if past:
+            start = a[f"{label}_allocation_offset_bytes"]
+            within = f", from its byte {start}" if start != a[f"{label}_offset_bytes"] else ""  # a view
+            parts.append(f"{verb} {past} bytes past the end of the {noun}'s allocation of "
+                         f"{a[f'{label}_allocation_bytes']} bytes{within}")
+    shapes = op.input_shapes
+    return (f"{op.name}: a copy of {a['nbytes']} bytes ({op.dtype}) from byte {a['src_offset_bytes']} of a {shapes[1]} "
+            f"source into byte {a['dst_offset_bytes']} of a {shapes[0]} destination {' and '.join(parts)}")
 
 
 # -- running the rules ---------------------------------------------------------------------------

@@ -21,9 +21,9 @@ def schemas() -> dict[str, dict]:
 
     return {
         "baseline.v1.schema.json": BaselineFile.model_json_schema(),
-        "report.v1.schema.json": OamReport.model_json_schema(),
+        "report.v2.schema.json": OamReport.model_json_schema(),
         "profile.v1.schema.json": Profile.model_json_schema(),
-        "record.v1.schema.json": RecordFile.model_json_schema(),
+        "record.v2.schema.json": RecordFile.model_json_schema(),
         "knowledge_base.v1.schema.json": KnowledgeBaseFile.model_json_schema(),
     }
 

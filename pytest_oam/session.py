@@ -619,6 +619,12 @@ class OamSession:
                 ("oam_finding", (f"{d['severity']} {d['rule_id']} {d['op_type']} at {d['location'] or '-'}: "
                                  f"{d['description']} (a fix saves about {d['gain_s'] * 1e3:.3f} ms per step, "
                                  f"{d['step_share_frac'] * 100:.1f}%; {d['fix']})")))
+        for f in result["report"].get("findings", []):  # the explanation of a regression, same scale
+            sites = ", ".join(site for site, _ in f["call_sites"]) or "-"
+            item.user_properties.append(
+                ("oam_finding", (f"{f['severity']} {f['kind']} {f['op_type']} at {sites}: +{f['delta_s'] * 1e3:.3f} ms "
+                                 f"per step ({f['step_share_frac'] * 100:.1f}% of the baseline step); "
+                                 f"{'; '.join(f['advice'])}")))
         if text is not None:
             self._fail(report, text)
         mode = self.settings.record

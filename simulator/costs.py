@@ -551,12 +551,16 @@ def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     ``spec.shapes[0]`` is the main input; it is streamed through the Unified Buffer in chunks,
     double-buffered, over the Vector units.
     """
-    prof = VECTOR_PROFILES[spec.op_type]
-    elements = _numel(spec.shapes[0])
-    elt = DTYPE_BYTES[spec.dtype]
-    compute_dtype = prof.compute_dtype or spec.dtype
-    if compute_dtype == "fp32" and spec.dtype not in ("fp16", "bf16", "fp32"):
-        compute_dtype = spec.dtype
+    return _vector_kernel_cost(VECTOR_PROFILES[spec.op_type], _numel(spec.shapes[0]), spec.dtype, hw)
+
+
+def _vector_kernel_cost(prof: VectorProfile, elements: int, dtype: str, hw: HardwareSpec) -> OpCost:
+    """``elements`` elements of ``dtype`` streamed through the Unified Buffer by every Vector
+    unit, double-buffered, as ``prof`` says (the kernel of :func:`vector_cost`)."""
+    elt = DTYPE_BYTES[dtype]
+    compute_dtype = prof.compute_dtype or dtype
+    if compute_dtype == "fp32" and dtype not in ("fp16", "bf16", "fp32"):
+        compute_dtype = dtype
     bytes_per_element = (prof.read_elements + prof.write_elements) * elt
     chunk_elements = max(1, int(hw.memory.unified_buffer_bytes_per_core // (bytes_per_element * DOUBLE_BUFFER_STAGES)))
     # Work is spread over every Vector unit in 32-byte DMA blocks; tiny tensors use fewer cores.
@@ -581,6 +585,29 @@ def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
         flop=elements * sum(prof.op_classes.values()),
     )
     return _run_kernel(kernel, hw, cores)
+
+
+#: A device-to-device copy moves each element once in and once out and computes nothing.
+MEMCPY_PROFILE = VectorProfile(1, 1, {})
+
+
+def memcpy_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """A device-to-device copy (``Memcpy``: ``aclrtMemcpy`` / ``Tensor.copy_`` of a slice) of
+    attribute ``nbytes`` bytes of ``spec.dtype``, as a pure data move through the AI Cores: each
+    Vector core's MTE2 queue reads its share from HBM into the Unified Buffer and MTE3 writes it
+    back (CANN's TensorMove), double-buffered, with the DMA start-up cost per transfer and the
+    kernel launch floor of :func:`vector_cost`. HBM traffic is ``2 x nbytes``; no FLOP.
+    ``spec.shapes`` (the destination's and the source's shapes) do not change the cost.
+
+    Raises:
+        ValueError: ``nbytes`` is missing, below one element, or not whole elements of ``spec.dtype``.
+    """
+    nbytes = spec.attr("nbytes")
+    elt = DTYPE_BYTES[spec.dtype]
+    if not isinstance(nbytes, int) or nbytes < elt or nbytes % elt:
+        raise ValueError(f"Memcpy: nbytes must be a positive whole number of {spec.dtype} elements "
+                         f"({elt} bytes), got {nbytes!r}")
+    return _vector_kernel_cost(MEMCPY_PROFILE, nbytes // elt, spec.dtype, hw)
 
 
 def embedding_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
@@ -767,6 +794,7 @@ COST_MODELS: dict[str, CostModel] = {
     "Send": p2p_cost,
     "Receive": p2p_cost,
     "View": view_cost,
+    "Memcpy": memcpy_cost,
     **{op_type: vector_cost for op_type in VECTOR_PROFILES},
 }
 

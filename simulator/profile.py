@@ -34,7 +34,8 @@ class OpChecks(BaseModel):
     Values (``nan_count`` ... ``max_abs_value``) are known when the op computed on tensors
     with data (:meth:`simulator.runtime.NPU.from_numpy`); ``declared_shape`` when the workload
     declared the output's shape (:meth:`~simulator.runtime.NPU.expect_shape`);
-    ``out_of_bounds_elements`` for a view (:meth:`~simulator.runtime.NPU.view`).
+    ``out_of_bounds_elements`` for a view (:meth:`~simulator.runtime.NPU.view`) or a copy
+    (:meth:`~simulator.runtime.NPU.memcpy`).
     """
 
     model_config = _RECORD_CONFIG
@@ -49,7 +50,8 @@ class OpChecks(BaseModel):
     declared_shape: list[NonNegativeInt] | None = Field(
         default=None, description="Output shape the workload declared (npu.expect_shape)")
     out_of_bounds_elements: NonNegativeInt = Field(
-        default=0, description="Elements a view reaches past the end of its tensor's allocation")
+        default=0, description="Elements a view or a copy (Memcpy) reaches past the end of its tensor's "
+        "allocation (a copy: the larger overrun of its source and destination)")
 
 
 class OpRecord(BaseModel):

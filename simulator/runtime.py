@@ -521,6 +521,73 @@ class NPU:
             weakref.finalize(out, _keep_alive, tensor)  # the base's memory lives as long as the view
         return out
 
+    def memcpy(self, dst: Tensor, src: Tensor, nbytes: int, *, dst_offset_bytes: int = 0, src_offset_bytes: int = 0,
+               name: str | None = None) -> Tensor:
+        """Copy ``nbytes`` bytes from ``src`` (from byte ``src_offset_bytes``) into ``dst`` (from
+        byte ``dst_offset_bytes``) on the device, as ``aclrtMemcpy(dst + dst_offset, ...,
+        src + src_offset, nbytes, ACL_MEMCPY_DEVICE_TO_DEVICE)`` or
+        ``dst.view(-1)[a:b].copy_(src.view(-1)[c:d])`` do; returns ``dst``.
+
+        Op type ``Memcpy``, costed as a DMA data move (:func:`simulator.costs.memcpy_cost`). The
+        offsets count from the start of the tensor; for a view (:meth:`view`) the allocation
+        underneath bounds the copy. A copy that reads past ``src``'s allocation or writes past
+        ``dst``'s is recorded, not raised: its record has ``checks.out_of_bounds_elements``
+        (the larger overrun of the two sides, in elements) and attributes
+        ``src_past_bytes`` / ``dst_past_bytes``, and the ``out-of-bounds`` rule reports it.
+        When both tensors carry data (:meth:`from_numpy`) and the copy stays in bounds, ``dst``'s
+        values (and those of views sharing its memory) are overwritten with ``src``'s, and the
+        record's checks count NaN and Inf among the copied values; an out-of-bounds copy
+        changes no values (what lies past an allocation is not modelled).
+
+        Raises:
+            ShapeError: ``dst`` or ``src`` is not a Tensor, their dtypes differ (a byte copy
+                between dtypes reinterprets bits, which is not modelled: :meth:`cast` first), or
+                ``nbytes`` and the offsets are not integers, whole elements of the dtype, with
+                ``nbytes`` > 0 and the offsets >= 0.
+        """
+        _check_tensors("Memcpy", dst=dst, src=src)
+        if dst.dtype != src.dtype:
+            raise ShapeError(f"Memcpy: src is {src.dtype} but dst is {dst.dtype}; a byte copy between dtypes "
+                             "reinterprets the bits: npu.cast the source first")
+        elt = DTYPE_BYTES[dst.dtype]
+        sizes = {"nbytes": nbytes, "dst_offset_bytes": dst_offset_bytes, "src_offset_bytes": src_offset_bytes}
+        for label, value in sizes.items():
+            if (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < (label == "nbytes")
+                    or value % elt):
+                raise ShapeError(f"Memcpy: {label} must be an integer {'> 0' if label == 'nbytes' else '>= 0'} "
+                                 f"and a multiple of {elt} ({dst.dtype} elements), got {value!r}")
+        nbytes, dst_offset, src_offset = int(nbytes), int(dst_offset_bytes), int(src_offset_bytes)
+        sides = {}
+        for label, tensor, offset in (("dst", dst, dst_offset), ("src", src, src_offset)):
+            root, root_offset = self._views.get(tensor, (tensor, 0))
+            start = root_offset * elt + offset  # byte offset into the allocation underneath
+            sides[label] = (root, start, max(0, start + nbytes - root.nbytes))
+        attrs: dict[str, object] = {"nbytes": nbytes, "dst_offset_bytes": dst_offset, "src_offset_bytes": src_offset}
+        past_bytes = max(past for _, _, past in sides.values())
+        checks = None
+        if past_bytes:
+            for label, (root, start, past) in sides.items():
+                attrs.update({f"{label}_allocation_bytes": root.nbytes, f"{label}_allocation_offset_bytes": start,
+                              f"{label}_past_bytes": past})
+            checks = OpChecks.model_construct(
+                output_shape=list(dst.shape), nan_count=0, inf_count=0, saturated_count=0, max_abs_value=None,
+                declared_shape=None, out_of_bounds_elements=-(-past_bytes // elt))
+        (dst_root, dst_start, _), (src_root, src_start, _) = sides["dst"], sides["src"]
+        values = None
+        if not past_bytes and dst_root.data is not None and src_root.data is not None:
+            values = src_root.data.reshape(-1)[src_start // elt:(src_start + nbytes) // elt].copy()
+            floats = values.dtype.kind == "f"
+            finite = values[np.isfinite(values)] if floats else values
+            checks = OpChecks.model_construct(
+                output_shape=[values.size], nan_count=int(np.count_nonzero(np.isnan(values))) if floats else 0,
+                inf_count=int(np.count_nonzero(np.isinf(values))) if floats else 0, saturated_count=0,
+                max_abs_value=float(np.max(np.abs(finite.astype(np.float64)))) if finite.size else None,
+                declared_shape=None, out_of_bounds_elements=0)
+        self._emit("Memcpy", (dst, src), dst.dtype, name, attrs, checks=checks)
+        if values is not None:
+            dst_root.data.flat[dst_start // elt:dst_start // elt + values.size] = values  # in place: views see it
+        return dst
+
     def free(self, tensor: Tensor) -> None:
         """Give ``tensor``'s memory back to the caching allocator now (as ``del`` does when the
         last reference goes)."""

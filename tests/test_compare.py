@@ -159,3 +159,19 @@ def test_count_advice_reads_the_direction() -> None:
     fewer = _advice("Add", [CounterChange("count_per_step", 7.0, 4.0)], None)
     assert "now runs 4 times per step (was 7): fewer, larger calls" in fewer[0]
     assert "added" in _advice("Add", [CounterChange("count_per_step", 4.0, 7.0)], None)[0]
+
+
+def test_regressions_are_graded_on_the_rules_scale() -> None:
+    # One scale for every finding (pytest_oam.severity): by the share of the baseline step the
+    # regression costs, serious from 5%, warning from 3%, info below (version 1 said
+    # critical / major / minor). Only the FlashAttention op slows down, by op_time_scale.
+    base = summarize(simulator.run(model))
+    fa_share = base.ops["FlashAttention"].time_s / base.step_time_s
+    for scale in (1.5, 1.03):
+        cur = simulator.run(model, op_time_scale={"FlashAttention": scale})
+        comparison = compare_run(0, base, summarize(cur), LimitResolver.build(cli={"FlashAttention": 0.01}))
+        (finding,) = [f for f in diagnose(comparison, cur) if f.op_type == "FlashAttention"]
+        share = (scale - 1) * fa_share
+        assert finding.step_share_frac == pytest.approx(share, rel=1e-6)
+        assert finding.severity == ("serious" if share >= 0.05 else "warning" if share >= 0.03 else "info")
+    assert fa_share > 0.1  # so 1.5x costs over 5% of the step and 1.03x under 3%

@@ -345,3 +345,77 @@ def test_overflow(oam_profile):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*fp16-overflow*"])
     assert not (pytester.path / "baselines").exists() or not list((pytester.path / "baselines").iterdir())
+
+
+def test_out_of_bounds_copy() -> None:
+    def work(npu, src_offset_bytes=4 * 200, nbytes=4 * 64):
+        x = npu.from_numpy(np.arange(256.0).reshape(4, 64), "fp32")  # 1024 bytes
+        y = npu.from_numpy(np.zeros((2, 64)), "fp32")  # 512 bytes
+        npu.memcpy(y, x, nbytes, dst_offset_bytes=4 * 64, src_offset_bytes=src_offset_bytes, name="shard")
+        return npu.to_numpy(y)
+
+    (f,) = fatal(work, "out-of-bounds")
+    assert (f.op_type, f.op_name) == ("Memcpy", "shard")
+    assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 3}")
+    # source: bytes 800 .. 1056 of 1024, 32 past the end; destination: bytes 256 .. 512 of 512, in bounds
+    assert ("a copy of 256 bytes (fp32) from byte 800 of a [4, 64] source into byte 256 of a [2, 64] destination "
+            "reads 32 bytes past the end of the source's allocation of 1024 bytes") in f.description
+    assert "destination's allocation" not in f.description
+    # the destination overruns: bytes 256 .. 768 of 512
+    (f,) = fatal(work, "out-of-bounds", src_offset_bytes=0, nbytes=512)
+    assert "writes 256 bytes past the end of the destination's allocation of 512 bytes" in f.description
+    assert fatal(work, "out-of-bounds", src_offset_bytes=4 * 192) == []  # bytes 768 .. 1024: the last 64 exactly
+
+    def in_bounds(npu):
+        x = npu.from_numpy(np.arange(256.0).reshape(4, 64), "fp32")
+        y = npu.from_numpy(np.zeros((2, 64)), "fp32")
+        row = npu.view(y, 64, (64,))  # shares y's memory
+        npu.memcpy(y, x, 4 * 64, dst_offset_bytes=4 * 64, src_offset_bytes=4 * 192)
+        assert npu.to_numpy(y)[0].tolist() == [0.0] * 64 and npu.to_numpy(y)[1].tolist() == list(range(192, 256))
+        assert npu.to_numpy(row).tolist() == list(range(192, 256))  # the view sees the copy
+        past = npu.memcpy(y, x, 4 * 64, dst_offset_bytes=4 * 96)  # writes 128 bytes past y: no values change
+        assert past is y and npu.to_numpy(y)[1].tolist() == list(range(192, 256))
+        # through a view the allocation underneath bounds the copy: row starts at y's byte 256
+        npu.memcpy(row, x, 4 * 64, dst_offset_bytes=4)
+
+    profile = simulator.run(in_bounds)
+    copies = [op for op in profile.ops if op.op_type == "Memcpy"]
+    assert [op.checks.out_of_bounds_elements for op in copies] == [0, 32, 1]
+    assert copies[0].checks.output_shape == [64] and copies[0].checks.max_abs_value == 255.0
+    assert copies[2].attrs["dst_offset_bytes"] == 4 and copies[2].attrs["dst_allocation_offset_bytes"] == 260
+
+
+def test_memcpy_is_costed_as_a_dma_move() -> None:
+    from simulator.costs import OpSpec, op_cost
+
+    def work(npu, nbytes):
+        npu.memcpy(npu.tensor((1 << 24,)), npu.tensor((1 << 24,)), nbytes)
+
+    (small,) = simulator.run(work, nbytes=2 << 20).ops
+    (large,) = simulator.run(work, nbytes=32 << 20).ops
+    for op, nbytes in ((small, 2 << 20), (large, 32 << 20)):
+        assert op.hbm_bytes == 2 * nbytes and op.flop == 0 and op.mac_ratio == 0 and op.vec_ratio == 0
+    # more bytes never less time, and no faster than HBM allows for reading and writing them
+    assert large.duration_s > small.duration_s
+    assert large.duration_s >= 2 * (32 << 20) / A910.memory.hbm_bandwidth_bytes_per_s
+    # the same move as an element-wise kernel that computes nothing (CANN's TensorMove)
+    spec = OpSpec("Memcpy", ((1 << 24,), (1 << 24,)), "fp16", (("nbytes", 2 << 20),))
+    assert op_cost(spec, A910).duration_s == small.duration_s
+    with pytest.raises(ValueError, match="nbytes must be a positive whole number of fp16 elements"):
+        op_cost(OpSpec("Memcpy", spec.shapes, "fp16", (("nbytes", 3),)), A910)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda npu, a, b: npu.memcpy(a, npu.tensor((8,), "fp32"), 4), "src is fp32 but dst is fp16"),
+    (lambda npu, a, b: npu.memcpy(a, b, 3), "nbytes must be an integer > 0 and a multiple of 2"),
+    (lambda npu, a, b: npu.memcpy(a, b, 0), "nbytes must be an integer > 0"),
+    (lambda npu, a, b: npu.memcpy(a, b, 4, src_offset_bytes=-2), "src_offset_bytes must be an integer >= 0"),
+    (lambda npu, a, b: npu.memcpy(a, b, 4, dst_offset_bytes=1.0), "dst_offset_bytes must be an integer >= 0"),
+    (lambda npu, a, b: npu.memcpy(a, "b", 4), "src must be a Tensor"),
+])
+def test_bad_memcpy_arguments(call, message) -> None:
+    def work(npu):
+        with pytest.raises(ShapeError, match=message):
+            call(npu, npu.tensor((8,)), npu.tensor((8,)))
+
+    simulator.run(work)

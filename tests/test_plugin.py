@@ -554,9 +554,14 @@ def test_new(oam_profile):
     )
     pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
     monkeypatch.setenv("EXTRA", "1")
-    result = pytester.runpytest("--oam-baseline")
+    result = pytester.runpytest("--oam-baseline", "--oam-report=r.json", "--oam-report=r.md", "--junitxml=j.xml")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*GeLU*new*", "*step*REGRESSED*", "*[[]critical] GeLU*", "*where: test_new.py:8*", "*GeLU is new*"])
+    result.stdout.fnmatch_lines(["*GeLU*new*", "*step*REGRESSED*", "*[[]serious] GeLU*", "*where: test_new.py:8*", "*GeLU is new*"])
+    # the same severity scale as the rules' findings in every report (version 1 said "critical")
+    (finding,) = OamReport.model_validate_json((pytester.path / "r.json").read_text()).tests[0].findings
+    assert (finding.severity, finding.kind, finding.op_type) == ("serious", "new", "GeLU")
+    assert "- **serious** GeLU: +" in (pytester.path / "r.md").read_text()
+    assert 'name="oam_finding" value="serious new GeLU at test_new.py:8: +' in (pytester.path / "j.xml").read_text()
 
 
 def test_files_are_written_with_the_usual_mode(pytester) -> None:

@@ -175,7 +175,7 @@ def test_what_if_resimulates_the_recorded_ops_on_other_hardware(recorded, capsys
     (lambda raw: b"\x00\xffgarbage" * 10, "is not a record (neither gzip nor UTF-8 JSON)"),
     (lambda raw: b'{"kind": "pytest-oam-record", "schema_version": 1', "is not valid JSON"),
     (lambda raw: gzip.compress(json.dumps({**json.loads(gzip.decompress(raw)), "schema_version": 9}).encode()),
-     "has schema_version 9; this pytest-oam reads version 1"),
+     "has schema_version 9; this pytest-oam reads versions 1 and 2"),
     (lambda raw: gzip.compress(json.dumps({**json.loads(gzip.decompress(raw)), "runs": "x"}).encode()),
      "is not a valid record: runs: Input should be a valid list"),
     (lambda raw: json.dumps({"schema_version": 1, "nodeid": "t", "runs": []}).encode(), "is a baseline file"),
@@ -189,6 +189,17 @@ def test_bad_records_are_named_errors(recorded, tmp_path, capsys, damage, messag
     code, out, err = oam_cmd(capsys, "replay", bad)
     assert code == 2 and out == "" and str(bad) in err and message in err
     assert path.exists()  # the good record is untouched
+
+
+def test_a_version_1_record_is_read_with_its_findings_on_the_one_severity_scale(recorded, tmp_path) -> None:
+    data = json.loads(gzip.decompress(recorded.read_bytes()))
+    finding = {"run": 0, "kind": "regressed", "op_type": "FlashAttention", "severity": "critical", "delta_s": 1e-3,
+               "step_share_frac": 0.2, "counters": {}, "call_sites": [], "advice": ["x"]}
+    old = {**data, "schema_version": 1, "gate": {**data["gate"], "findings": [finding]}}
+    path = tmp_path / "old.oam.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(old).encode()))
+    record = load_record(path)
+    assert record.schema_version == 2 and [f.severity for f in record.gate.findings] == ["serious"]
 
 
 # -- op callbacks and the collection modes ----------------------------------------------------
