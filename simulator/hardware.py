@@ -71,6 +71,11 @@ class LaunchSpec(_Group):
     mix_kernel_launch_latency_s: PositiveFloat = Field(
         description="Launch floor of a kernel that runs the Cube and Vector units together (FlashAttention)"
     )
+    host_dispatch_s: float = Field(
+        default=0.0, ge=0,
+        description="Host time to issue one kernel from eager PyTorch (Python, ATen dispatch, torch_npu's "
+        "aclnn call through its task queue); the host issues kernels one after another, so kernels shorter "
+        "than this leave the device idle. 0 (the default, as specs before simulator 0.4.0 had it): not modelled")
 
 
 class InterconnectSpec(_Group):

@@ -123,6 +123,25 @@ def _overlap(overlapped_s: float, overlappable_s: float, stall_s: float) -> floa
     return 1.0 if denominator <= 0 else min(1.0, overlapped_s / denominator)
 
 
+def dispatch(ready_s: float, host_s: float, cost: OpCost, hw: HardwareSpec) -> tuple[float, float]:
+    """Eager dispatch: when a kernel starts, and when the host can issue the next one.
+
+    The host issues kernels one after another, ``hw.launch.host_dispatch_s`` apart (Python,
+    ATen dispatch and torch_npu's aclnn call through its task queue); the device runs a kernel
+    once its stream is free (``ready_s``) and the host has issued it (``host_s``). While kernels
+    are longer than the host's interval the host runs ahead and costs nothing; shorter kernels
+    leave the device idle between them (a host-bound run). The first kernel of a step is taken
+    as issued when the step starts (``host_s`` = the step's start): its dispatch overlaps the end
+    of the previous step, as in any timed loop, so a single kernel's time is the device's alone.
+    An op that launches no kernel (a view) costs the host nothing here.
+
+    Returns:
+        ``(start_s, next_host_s)`` in seconds.
+    """
+    start_s = max(ready_s, host_s)
+    return start_s, (host_s + hw.launch.host_dispatch_s if cost.kernel_count else host_s)
+
+
 def _make_record(
     hw: HardwareSpec, spec: OpSpec, cost: OpCost, *, name: str, step: int, stream: str, start_s: float,
     scale: float, stall_s: float, alloc_count: int, alloc_retries: int, device_frees: int, device_mallocs: int,
@@ -208,11 +227,12 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
     overhead_s = spec_hw.profiler.online_callback_overhead_s if profile.collection == "online" else 0.0
     cache: dict[OpSpec, OpCost] = {}
     records: list[OpRecord] = []
-    clock_s = hccl_s = 0.0
+    clock_s = hccl_s = host_s = 0.0
     step = profile.ops[0].step if profile.ops else 0
     for op in profile.ops:
         if op.step != step:  # steps end synchronised, as in the run
             clock_s, step = max(clock_s, hccl_s), op.step
+            host_s = clock_s
         attrs = {k: v for k, v in op.attrs.items() if k != "wait_time_s"}
         if op.comm is not None and op.comm.ranks:
             attrs["ranks"] = tuple(op.comm.ranks)
@@ -226,13 +246,14 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
                 raise ValueError(f"op {op.name} ({op.op_type}, shapes {op.input_shapes}, {op.dtype}){where}: "
                                  f"cannot be simulated on {spec_hw.name}: {exc}") from None
         if op.stream == "hccl":
-            start_s = max(clock_s, hccl_s)
+            ready_s = max(clock_s, hccl_s)
         else:
             waited = op.attrs.get("wait_hccl_op")
             if isinstance(waited, int) and 0 <= waited < len(records):
                 done = records[waited]
                 clock_s = max(clock_s, done.start_s + done.duration_s)
-            start_s = clock_s
+            ready_s = clock_s
+        start_s, host_s = dispatch(ready_s, host_s, cost, spec_hw)
         record = _make_record(
             spec_hw, spec, cost, name=op.name, step=op.step, stream=op.stream, start_s=start_s,
             scale=scale.get(op.op_type, 1.0), stall_s=op.alloc_stall_s, alloc_count=op.alloc_count,
@@ -362,6 +383,7 @@ class NPU:
         self._views: weakref.WeakKeyDictionary[Tensor, tuple[Tensor, int]] = weakref.WeakKeyDictionary()
         self._delivered = 0  # online collection: records handed to the callbacks so far
         self._hccl_clock_s = 0.0  # the HCCL stream: collectives run in order, beside compute
+        self._host_s = 0.0  # when the host can issue the next kernel (see dispatch())
         self._last_hccl: int | None = None  # index of the last collective's record
         self._recv_ready_s: float | None = None  # the peer's send time of the Receive being issued
         self._pending_wait: int | None = None  # a Work.wait() the next compute op records
@@ -706,14 +728,14 @@ class NPU:
         if cost is None:
             cost = op_cost(spec, self.hardware)
             self._cost_cache[spec] = cost
+        start_s, self._host_s = dispatch(
+            max(self._clock_s, self._hccl_clock_s) if stream == "hccl" else self._clock_s, self._host_s, cost,
+            self.hardware)
         if stream == "hccl":
-            start_s = max(self._clock_s, self._hccl_clock_s)
             if self._lag is not None:
                 wait_s = self._collective_wait(attrs["ranks"])
             if self._recv_ready_s is not None:
                 wait_s = max(wait_s, self._recv_ready_s - start_s)
-        else:
-            start_s = self._clock_s
         record = _make_record(
             self.hardware, spec, cost, name=name or op_type, step=self._step, stream=stream, start_s=start_s,
             scale=self._scale.get(op_type, 1.0) * (self._own_factor if stream == "compute" else 1.0),
@@ -1359,6 +1381,7 @@ class NPU:
         self._step += 1
         # a training step ends synchronised (the optimizer and the loss read finished tensors)
         self._clock_s = max(self._clock_s, self._hccl_clock_s)
+        self._host_s = self._clock_s  # the host issues the step's first kernel as it starts
         self._pending_wait = None
 
     def profile(self, steps: int) -> Profile:
