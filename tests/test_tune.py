@@ -368,3 +368,22 @@ def test_oam_tune_says_when_the_default_misses_the_constraint(tmp_path, capsys) 
     assert main(["tune", str(job)]) == 0
     out = capsys.readouterr().out
     assert "over the default (the default is infeasible: latency_ms 2.165 is not < 2.1)" in out
+
+
+def test_the_default_tpe_is_independent() -> None:
+    # auto_tune's TPE models each parameter on its own (multivariate=False) unless asked: the
+    # joint model locks into one categorical branch within a small budget (see tune._search).
+    def matmul(npu, m_tiles=1, n_tiles=1, transpose=False):
+        npu.matmul(npu.tensor((128 * m_tiles, 1024)), npu.tensor((1024, 128 * n_tiles)))
+
+    space = ParameterSpace().add_int("m_tiles", 1, 64).add_int("n_tiles", 1, 64).add_boolean("transpose")
+    target = OptimizationTarget(operator="MatMul", metric="flop_per_s")
+
+    def trials(options):
+        result = auto_tune(target=target, param_space=space, workload=matmul, max_iterations=25, early_stopping=False,
+                           seed=5, sampler_options=options)
+        return [t.params for t in result.trials]
+
+    default = trials(None)
+    assert default == trials({"multivariate": False})
+    assert default != trials({"multivariate": True})
