@@ -688,15 +688,15 @@ class OamSession:
         A call more than its limit slower than the tuned optimum fails the test; a call with no
         current record is noted in the summary and skipped, or fails with ``--oam-strict``. A
         marker pattern that matches no op type the test ran fails a passing test."""
-        from .knowledge_base import KnowledgeBaseError, check_near_tuned
-        from .thresholds import LimitResolver
-
-        marker = marker_settings(item).tuned
+        marker = marker_settings(item).tuned if item.get_closest_marker("oam") is not None else {}
         layers = tuple((name, limits) for name, limits in (
             ("marker", marker), ("command line", self.settings.cli_tuned_limits),
             ("ini", self.settings.ini_tuned_limits)) if limits)
         if not layers:
             return
+        from .knowledge_base import KnowledgeBaseError, check_near_tuned
+        from .thresholds import LimitResolver
+
         resolver = LimitResolver(layers)
         profiler = item.stash.get(_PROFILER_KEY, None)
         profiles = profiler.profiles if profiler is not None else []
