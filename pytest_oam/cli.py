@@ -360,7 +360,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             for t in result.closest:
                 print(f"  {t.params}: {t.reason}")
         elif result.improvement_frac is not None:
-            print(f"best: {result.best_params}, {result.improvement_frac * 100:+.1f}% over the default")
+            print(f"best: {result.best_params}, {result.improvement_frac * 100:+.1f}% over the default"
+                  + ("" if result.default.feasible else f" (the default is infeasible: {result.default.reason})"))
         if saved is not None:
             print(f"recorded in {args.save}: {saved.describe()}")
         elif args.save is not None and save_error is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -347,6 +348,85 @@ class TunedGateFailure(AssertionError):
     tuned configuration."""
 
 
+@dataclass(frozen=True)
+class TunedCheck:
+    """One distinct call of an operator (per input shapes, dtype and attributes) judged against
+    its knowledge base record. ``status``: ``"ok"`` (within the limit), ``"slower"`` (more than
+    ``limit_frac`` slower than the tuned latency) or ``"no-record"`` (no current record);
+    ``message`` says which, naming the op, shapes, hardware, both latencies (microseconds), the
+    limit and the tuned configuration. ``latency_s`` is the mean time of one call, in seconds."""
+
+    operator: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str
+    latency_s: float
+    limit_frac: float
+    status: Literal["ok", "slower", "no-record"]
+    message: str
+    record: TunedRecord | None = None
+
+
+def check_near_tuned(profile: Profile, operator: str, knowledge_base: KnowledgeBase, *, limit_frac: float,
+                     config_text: str | None = None) -> list[TunedCheck]:
+    """Judge every distinct call of ``operator`` in ``profile`` against the tuned optimum its
+    knowledge base record holds (a call may take ``tuned latency x (1 + limit_frac)``).
+    ``config_text`` (the configuration the profile ran, for the message) is optional. A profile
+    without ``operator`` gives an empty list.
+
+    Raises:
+        ValueError: ``limit_frac`` is negative or not finite, or a record match is ambiguous.
+    """
+    import math
+
+    from .tune import _op_calls
+
+    if isinstance(limit_frac, bool) or not isinstance(limit_frac, (int, float)) or not math.isfinite(limit_frac) \
+            or limit_frac < 0:
+        raise ValueError(f"limit_frac must be a finite fraction >= 0, got {limit_frac!r}")
+    records = profile.ops_of(operator)
+    if not records:
+        return []
+    steps = max(1, profile.op_steps(operator))
+    out = []
+    where = f"on {profile.hardware} (simulator {profile.simulator_version})"
+    kb = knowledge_base
+    for call in _op_calls(records, steps):
+        what = f"{operator} {format_shapes(call.shapes)} {call.dtype} {where}"
+        record = kb.record(operator, shapes=call.shapes, dtype=call.dtype, hardware=profile.hardware,
+                           simulator_version=profile.simulator_version, attrs=dict(call.attrs))
+        common = {"operator": operator, "shapes": call.shapes, "dtype": call.dtype, "latency_s": call.latency_s,
+                  "limit_frac": limit_frac}
+        if record is None:
+            stale = [r for r in kb.stale(operator, shapes=call.shapes, dtype=call.dtype, hardware=profile.hardware,
+                                         simulator_version=profile.simulator_version) if r.matches(dict(call.attrs))]
+            others = [r for r in kb.records if r.operator == operator and _shape_key(r.shapes) == _shape_key(call.shapes)
+                      and r.dtype == call.dtype and (r.hardware, r.simulator_version)
+                      == (profile.hardware, profile.simulator_version) and not r.matches(dict(call.attrs))]
+            line = f"no tuned record for {what} with {dict(call.attrs)} in {kb.path}"
+            if others:
+                line += "; records for other attributes, not used: " + "; ".join(r.describe() for r in others)
+            if stale:
+                line += "; stale records, not used: " + "; ".join(
+                    f"{r.hardware}, simulator {r.simulator_version}: config {r.config}, "
+                    f"{r.tuned.latency_s * 1e6:,.1f} us" for r in stale)
+            out.append(TunedCheck(**common, status="no-record",
+                                  message=line + "; tune it with 'oam tune JOB --save " + str(kb.path) + "'"))
+            continue
+        allowed_s = record.tuned.latency_s * (1 + limit_frac)
+        slower = call.latency_s / record.tuned.latency_s - 1
+        measured = (f"{what} takes {call.latency_s * 1e6:,.1f} us per call"
+                    + (f" with {config_text}" if config_text else ""))
+        if call.latency_s > allowed_s:
+            out.append(TunedCheck(**common, status="slower", record=record, message=(
+                f"{measured}, {slower * 100:.1f}% slower than the tuned {record.tuned.latency_s * 1e6:,.1f} us "
+                f"(limit {limit_frac * 100:g}%); use the tuned configuration {record.config}")))
+        else:
+            out.append(TunedCheck(**common, status="ok", record=record, message=(
+                f"{measured}, within {limit_frac * 100:g}% of the tuned {record.tuned.latency_s * 1e6:,.1f} us "
+                f"({slower * 100:+.1f}%)")))
+    return out
+
+
 def assert_near_tuned(profile: Profile, operator: str, knowledge_base: KnowledgeBase | Path | str, *,
                       limit: str | float = "5%", config: Mapping[str, Any] | None = None) -> list[TunedRecord]:
     """Every distinct call of ``operator`` in ``profile`` (per input shapes and dtype) takes at
@@ -365,42 +445,11 @@ def assert_near_tuned(profile: Profile, operator: str, knowledge_base: Knowledge
 
     limit_frac = parse_limit(limit)
     kb = knowledge_base if isinstance(knowledge_base, KnowledgeBase) else KnowledgeBase.load(knowledge_base)
-    records = profile.ops_of(operator)
-    if not records:
+    if not profile.ops_of(operator):
         raise ValueError(f"the profile has no {operator!r} call; its op types: {', '.join(profile.op_types) or 'none'}")
-    from .tune import _op_calls
-
-    steps = max(1, profile.op_steps(operator))
-    used, problems = [], []
-    where = f"on {profile.hardware} (simulator {profile.simulator_version})"
-    for call in _op_calls(records, steps):
-        what = f"{operator} {format_shapes(call.shapes)} {call.dtype} {where}"
-        record = kb.record(operator, shapes=call.shapes, dtype=call.dtype, hardware=profile.hardware,
-                           simulator_version=profile.simulator_version, attrs=dict(call.attrs))
-        if record is None:
-            stale = [r for r in kb.stale(operator, shapes=call.shapes, dtype=call.dtype, hardware=profile.hardware,
-                                         simulator_version=profile.simulator_version) if r.matches(dict(call.attrs))]
-            others = [r for r in kb.records if r.operator == operator and _shape_key(r.shapes) == _shape_key(call.shapes)
-                      and r.dtype == call.dtype and (r.hardware, r.simulator_version)
-                      == (profile.hardware, profile.simulator_version) and not r.matches(dict(call.attrs))]
-            line = f"no tuned record for {what} with {dict(call.attrs)} in {kb.path}"
-            if others:
-                line += "; records for other attributes, not used: " + "; ".join(r.describe() for r in others)
-            if stale:
-                line += "; stale records, not used: " + "; ".join(
-                    f"{r.hardware}, simulator {r.simulator_version}: config {r.config}, "
-                    f"{r.tuned.latency_s * 1e6:,.1f} us" for r in stale)
-            problems.append(line + "; tune it with 'oam tune JOB --save " + str(kb.path) + "'")
-            continue
-        used.append(record)
-        allowed_s = record.tuned.latency_s * (1 + limit_frac)
-        if call.latency_s > allowed_s:
-            slower = call.latency_s / record.tuned.latency_s - 1
-            problems.append(
-                f"{what} takes {call.latency_s * 1e6:,.1f} us per call"
-                + (f" with {dict(config)}" if config else "")
-                + f", {slower * 100:.1f}% slower than the tuned {record.tuned.latency_s * 1e6:,.1f} us "
-                f"(limit {limit_frac * 100:g}%); use the tuned configuration {record.config}")
+    checks = check_near_tuned(profile, operator, kb, limit_frac=limit_frac,
+                              config_text=str(dict(config)) if config else None)
+    problems = [c.message for c in checks if c.status != "ok"]
     if problems:
         raise TunedGateFailure("\n".join(problems))
-    return used
+    return [c.record for c in checks]

@@ -12,9 +12,11 @@ import pytest
 from .session import OAM_SESSION_KEY, OamSession, settings_from_config
 
 MARKER_DOC = (
-    "oam(thresholds=None, hardware=None, devices=None): per-test settings of the oam "
+    "oam(thresholds=None, hardware=None, devices=None, tuned=None): per-test settings of the oam "
     "performance gate: thresholds maps an op type or glob to a limit ('5%' or 0.05), "
-    "hardware names a simulated device (ascend910, ascend910b), devices the number of cards"
+    "hardware names a simulated device (ascend910, ascend910b), devices the number of cards, "
+    "tuned maps an op type or glob to how much slower than its tuned optimum in the knowledge "
+    "base each call may be ('5%')"
 )
 
 
@@ -61,7 +63,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--oam-strict",
         action="store_true",
         default=False,
-        help="Fail tests whose gate status is no-baseline, incomparable or missing-ops",
+        help="Fail tests whose gate status is no-baseline, incomparable or missing-ops, and tuned checks of "
+             "calls with no knowledge base record",
     )
     group.addoption(
         "--oam-fail-on-improvement",
@@ -99,6 +102,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="Folder of records (default: the oam_record_dir ini value, .oam/records under the rootdir)",
     )
+    group.addoption(
+        "--oam-tuned-limit",
+        action="append",
+        default=None,
+        metavar="OP=LIMIT",
+        help="Fail profiled tests whose calls of OP (an op type or glob) are more than LIMIT slower than the "
+             "tuned optimum in the knowledge base, e.g. FlashAttention=5% (repeatable); calls with no record "
+             "are skipped with a note, or fail with --oam-strict",
+    )
     parser.addini("oam_baseline_dir", "Folder of baseline files, relative to the ini file", default="baselines")
     parser.addini("oam_thresholds", "Regression limits, one OP=LIMIT per line", type="linelist", default=[])
     parser.addini("oam_hardware", "Simulated hardware for profiled tests", default="ascend910")
@@ -109,8 +121,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("oam_record_dir", "Same as --oam-record-dir, relative to the ini file", default=".oam/records")
     parser.addini("oam_disable_rules", "Diagnosis rules to switch off, one rule id per line", type="linelist",
                   default=[])
-    parser.addini("oam_knowledge_base", "Tuned-results knowledge base file for oam_profile.assert_near_tuned, "
-                  "relative to the ini file", default="tuned/knowledge_base.json")
+    parser.addini("oam_knowledge_base", "Tuned-results knowledge base file for the tuned check and "
+                  "oam_profile.assert_near_tuned, relative to the ini file", default="tuned/knowledge_base.json")
+    parser.addini("oam_tuned_limits", "Same as --oam-tuned-limit, one OP=LIMIT per line", type="linelist",
+                  default=[])
     parser.addini("oam_rule_thresholds", "Diagnosis rule thresholds, one RULE.NAME = NUMBER per line",
                   type="linelist", default=[])
 

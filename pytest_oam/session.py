@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 OAM_SESSION_KEY = pytest.StashKey["OamSession"]()
 _PROFILER_KEY = pytest.StashKey["OamProfiler"]()
-MARKER_KEYWORDS = ("thresholds", "hardware", "devices")
+MARKER_KEYWORDS = ("thresholds", "hardware", "devices", "tuned")
 REPORT_FORMATS = (".json", ".md", ".html")
 
 
@@ -50,6 +50,10 @@ class OamSettings:
     collect: str = "auto"
     record: str = "failed"
     record_dir: Path | None = None
+    #: Tuned-optimum limits (op type or glob -> fraction) from --oam-tuned-limit and the ini.
+    cli_tuned_limits: dict[str, float] = field(default_factory=dict)
+    ini_tuned_limits: dict[str, float] = field(default_factory=dict)
+    knowledge_base: Path | None = None
 
     def collection(self) -> str:
         """The collection mode of a profiled run. ``auto`` is offline when runs are compared with
@@ -221,13 +225,34 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
         record_dir = ini_record if ini_record.is_absolute() else ini_dir / ini_record
     if record_dir.exists() and not record_dir.is_dir():
         raise _usage(f"--oam-record-dir: {record_dir} exists and is not a folder")
+    cli_tuned = _parse_entries(opt.oam_tuned_limit or [], "--oam-tuned-limit")
+    ini_tuned = _parse_entries(config.getini("oam_tuned_limits"), "oam_tuned_limits (ini)")
+    knowledge_base = Path(config.getini("oam_knowledge_base") or "tuned/knowledge_base.json")
+    knowledge_base = knowledge_base if knowledge_base.is_absolute() else ini_dir / knowledge_base
+    if cli_tuned or ini_tuned:
+        _check_knowledge_base(knowledge_base, "--oam-tuned-limit" if cli_tuned else "oam_tuned_limits (ini)")
     return OamSettings(
         baseline_dir, save_dir, cli, ini, hardware, reports,
         strict=bool(opt.oam_strict or config.getini("oam_strict")),
         fail_on_improvement=bool(opt.oam_fail_on_improvement or config.getini("oam_fail_on_improvement")),
         prune=prune, disabled_rules=disabled, rule_thresholds=rule_thresholds, rules=rules,
         collect=collect, record=record, record_dir=record_dir,
+        cli_tuned_limits=cli_tuned, ini_tuned_limits=ini_tuned, knowledge_base=knowledge_base,
     )
+
+
+def _check_knowledge_base(path: Path, where: str) -> None:
+    """A tuned-limit option needs a knowledge base that exists and reads (checked at start, so
+    a typo in ``oam_knowledge_base`` is not a green run of skipped checks)."""
+    from .knowledge_base import KnowledgeBase, KnowledgeBaseError
+
+    if not path.is_file():
+        raise _usage(f"{where}: the knowledge base {path} does not exist (the oam_knowledge_base ini key names it; "
+                     "write one with 'oam tune JOB --save PATH')")
+    try:
+        KnowledgeBase.load(path, missing_ok=False)
+    except KnowledgeBaseError as exc:
+        raise _usage(f"{where}: {exc}") from None
 
 
 def _rule_settings(config: pytest.Config) -> tuple[dict, tuple[str, ...], dict[str, dict[str, float]]]:
@@ -263,19 +288,24 @@ class MarkerSettings:
     thresholds: dict[str, float]
     hardware: str | None
     devices: int | None
+    #: ``tuned={"FlashAttention": "5%"}``: op type or glob -> fraction slower than the tuned optimum allowed.
+    tuned: dict[str, float] = field(default_factory=dict)
 
 
 def marker_settings(item: pytest.Item) -> MarkerSettings:
     """Settings of every ``@pytest.mark.oam`` of ``item``, merged.
 
     Markers of the module, the class and the function (and stacked markers) all apply; where
-    two set the same key, the closer one wins, and ``thresholds`` merge pattern by pattern.
+    two set the same key, the closer one wins, and ``thresholds`` and ``tuned`` merge pattern by
+    pattern.
 
     Raises:
-        pytest.UsageError: positional arguments, an unknown keyword, bad thresholds, an
-            unknown hardware name, or a non-positive device count; the message names the test.
+        pytest.UsageError: positional arguments, an unknown keyword, bad thresholds or tuned
+            limits, an unknown hardware name, or a non-positive device count; the message
+            names the test.
     """
     thresholds: dict[str, float] = {}
+    tuned: dict[str, float] = {}
     hardware = devices = None
     where = f"{item.nodeid}: @pytest.mark.oam"
     for marker in reversed(list(item.iter_markers("oam"))):  # farthest first, closest last
@@ -286,6 +316,8 @@ def marker_settings(item: pytest.Item) -> MarkerSettings:
             raise _usage(f"{where}: unknown keyword {unknown[0]!r}; known: {', '.join(MARKER_KEYWORDS)}")
         try:
             thresholds.update(parse_mapping(marker.kwargs.get("thresholds") or {}))
+            if "tuned" in marker.kwargs:
+                tuned.update(parse_mapping(marker.kwargs["tuned"], "tuned"))
         except ThresholdError as exc:
             raise _usage(f"{where}: {exc}") from None
         if marker.kwargs.get("hardware") is not None:
@@ -297,7 +329,7 @@ def marker_settings(item: pytest.Item) -> MarkerSettings:
             devices = marker.kwargs["devices"]
             if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
                 raise _usage(f"{where}: devices must be a positive integer, got {devices!r}")
-    return MarkerSettings(thresholds, hardware, devices)
+    return MarkerSettings(thresholds, hardware, devices, tuned)
 
 
 def match_runs(baseline_runs: list, fingerprints: list[str]) -> list[int | None]:
@@ -455,6 +487,9 @@ class OamSession:
         #: Per test id, the per-step series of its runs (for an HTML report), sent like the gate.
         self.series: dict[str, list[dict[str, Any]]] = {}
         self.wants_series = any(p.suffix.lower() == ".html" for p in settings.report_paths)
+        self._kb = None  # the knowledge base of the tuned check, read when first needed
+        #: Per test id, tuned checks skipped for want of a record (shown in the summary).
+        self.tuned_notes: dict[str, list[str]] = {}
 
     # -- collection: validate markers before any test runs --------------------------------------
 
@@ -583,6 +618,13 @@ class OamSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
+        report = self._gate_report(item, call, report)
+        if report.when == "call":
+            self._tuned_check(item, report)
+        return report
+
+    def _gate_report(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> pytest.TestReport:
+        """The baseline gate of the test's profiled runs, attached to (and maybe failing) ``report``."""
         if report.when == "setup" and call.excinfo is not None:
             from .baseline import BaselineError
 
@@ -631,6 +673,78 @@ class OamSession:
         if profiler.profiles and (mode == "all" or (mode == "failed" and report.failed)):
             self._record(item, profiler, result, text, body_outcome)
         return report
+
+    # -- the tuned check: is each call near the tuned optimum of the knowledge base? ---------------
+
+    def _knowledge_base(self):
+        """The knowledge base, read once per process (a worker reads its own copy).
+
+        Raises:
+            KnowledgeBaseError: the file is corrupt or of another schema version.
+        """
+        from .knowledge_base import KnowledgeBase
+
+        if self._kb is None:
+            self._kb = KnowledgeBase.load(self.settings.knowledge_base)
+        return self._kb
+
+    def _tuned_check(self, item: pytest.Item, report: pytest.TestReport) -> None:
+        """Judge each profiled call of an op type that has a tuned limit (marker ``tuned``, then
+        ``--oam-tuned-limit``, then the ``oam_tuned_limits`` ini key) against the knowledge base.
+        A call more than its limit slower than the tuned optimum fails the test; a call with no
+        current record is noted in the summary and skipped, or fails with ``--oam-strict``. A
+        marker pattern that matches no op type the test ran fails a passing test."""
+        marker = marker_settings(item).tuned if item.get_closest_marker("oam") is not None else {}
+        layers = tuple((name, limits) for name, limits in (
+            ("marker", marker), ("command line", self.settings.cli_tuned_limits),
+            ("ini", self.settings.ini_tuned_limits)) if limits)
+        if not layers:
+            return
+        from .knowledge_base import KnowledgeBaseError, check_near_tuned
+        from .thresholds import LimitResolver
+
+        resolver = LimitResolver(layers)
+        profiler = item.stash.get(_PROFILER_KEY, None)
+        profiles = profiler.profiles if profiler is not None else []
+        failures: list[str] = []
+        notes: list[str] = []
+        checked = 0
+        op_types = sorted({op for profile in profiles for op in profile.op_types})
+        unmatched = [pattern for pattern in marker if not any(fnmatchcase(op, pattern) for op in op_types)]
+        if unmatched and report.passed:
+            failures.append(f"@pytest.mark.oam(tuned=...): {', '.join(unmatched)} matches no op type of the test's "
+                            f"profiled runs (op types: {', '.join(op_types) or 'none: no oam_profile.run'})")
+        try:
+            kb = self._knowledge_base() if profiles else None
+        except KnowledgeBaseError as exc:
+            failures.append(f"the knowledge base cannot be used: {exc}")
+            kb = None
+        for index, profile in enumerate(profiles if kb is not None else []):
+            run = f"run {index + 1}: " if len(profiles) > 1 else ""
+            for op_type in profile.op_types:
+                try:
+                    limit = resolver.resolve(op_type)
+                except LookupError:
+                    continue
+                try:
+                    checks = check_near_tuned(profile, op_type, kb, limit_frac=limit.frac,
+                                              config_text=profiler.run_configs[index]["arguments"] or None)
+                except ValueError as exc:  # an ambiguous record match
+                    failures.append(f"{run}{exc}")
+                    continue
+                for check in checks:
+                    if check.status == "slower":
+                        failures.append(f"{run}{check.message}")
+                    elif check.status == "no-record":
+                        (failures if self.settings.strict else notes).append(f"{run}{check.message}")
+                    checked += check.status != "no-record"
+        report.oam_tuned = {"checked": checked, "failures": failures, "notes": notes}
+        if not failures:
+            return
+        gate = getattr(report, "oam_gate", None)
+        if gate is not None:
+            gate["test_passed"] = False  # no baseline is saved from a run that failed its tuned check
+        self._fail(report, f"oam tuned check: FAILED {item.nodeid}\n" + "\n".join(failures))
 
     def _record(self, item: pytest.Item, profiler: OamProfiler, result: dict[str, Any], text: str | None,
                 body_outcome: str) -> None:
@@ -693,6 +807,9 @@ class OamSession:
             else:
                 self.save_errors.append(f"{report.nodeid}: baseline not written: the test errored in teardown")
             return
+        tuned = getattr(report, "oam_tuned", None)
+        if tuned is not None and tuned["notes"]:
+            self.tuned_notes[report.nodeid] = tuned["notes"]
         gate = getattr(report, "oam_gate", None)
         if gate is None:
             return
@@ -727,8 +844,11 @@ class OamSession:
             return str(path)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.is_worker or not (self.results or self.pruned or self.prune_refused or self.settings.report_paths
-                                  or self.save_errors or self.recorded):
+        if self.is_worker:
+            return
+        self._tuned_summary(terminalreporter)
+        if not (self.results or self.pruned or self.prune_refused or self.settings.report_paths
+                or self.save_errors or self.recorded):
             return
         from .report import summary_table
 
@@ -793,6 +913,16 @@ class OamSession:
                 tr.write_line(f"oam: wrote report {self._display(path)}")
         for error in self.report_errors.values():
             tr.write_line(f"oam: {error}", red=True)
+
+    def _tuned_summary(self, tr) -> None:
+        """Tuned checks skipped for want of a record, in test order: visible, never silent."""
+        if not self.tuned_notes:
+            return
+        tr.write_sep("-", "oam tuned check")
+        for nodeid in sorted(self.tuned_notes, key=lambda n: self.order.get(n, len(self.order))):
+            tr.write_line(f"oam: tuned check skipped in {nodeid} (--oam-strict fails it):", yellow=True)
+            for note in self.tuned_notes[nodeid]:
+                tr.write_line(f"    {note}", yellow=True)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.is_worker:

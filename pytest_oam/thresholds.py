@@ -79,19 +79,26 @@ def parse_entry(text: str) -> tuple[str, float]:
     return op, parse_limit(limit)
 
 
-def parse_mapping(mapping: object) -> dict[str, float]:
-    """A marker's ``thresholds={"MatMul": "5%"}`` -> ``{"MatMul": 0.05}``.
+def parse_mapping(mapping: object, what: str = "thresholds") -> dict[str, float]:
+    """A marker's ``thresholds={"MatMul": "5%"}`` -> ``{"MatMul": 0.05}``; ``what`` names the
+    marker keyword in messages.
 
     Raises:
         ThresholdError: not a dict of op pattern to limit.
     """
     if not isinstance(mapping, dict):
-        raise ThresholdError(f"thresholds must be a dict of op type to limit, got {mapping!r}")
+        raise ThresholdError(f"{what} must be a dict of op type to limit, got {mapping!r}")
     out: dict[str, float] = {}
     for op, limit in mapping.items():
         if not isinstance(op, str) or not op.strip():
-            raise ThresholdError(f"threshold op type {op!r} must be a non-empty string")
-        out[op.strip()] = parse_limit(limit)
+            raise ThresholdError(f"{'threshold' if what == 'thresholds' else what + ':'} op type {op!r} must be a "
+                                 "non-empty string")
+        try:
+            out[op.strip()] = parse_limit(limit)
+        except ThresholdError as exc:
+            if what == "thresholds":  # the gate's own keyword: the message predates the others
+                raise
+            raise ThresholdError(f"{what}: {op.strip()}: {exc}") from None
     return out
 
 

@@ -4,12 +4,14 @@ is large, infeasible configurations as results, and bad input refused before any
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from pytest_oam import OptimizationTarget, ParameterSpace, auto_tune
 from pytest_oam.tune import TuneError, _measure
 
+ROOT = Path(__file__).resolve().parents[1]
 # Llama-2-7B attention on one 910A card: 32 heads of 128, sequence 4096, causal.
 SEQ, HEADS = 4096, 32
 
@@ -30,6 +32,12 @@ def issue_space() -> ParameterSpace:
 
 
 TARGET = OptimizationTarget(operator="FlashAttention", metric="throughput_tokens_per_s", constraint="latency_ms < 50")
+ATTENTION_SOURCE = f"""
+def attention(npu, block_size=128):
+    npu.set_tokens_per_step({SEQ})
+    q = npu.tensor((1, {HEADS}, {SEQ}, 128))
+    npu.flash_attention(q, q, q, block_size=block_size, causal=True)
+"""
 
 
 def test_small_space_is_enumerated_and_matches_brute_force() -> None:
@@ -253,6 +261,18 @@ print(r.unique_evaluations)
                            sampler_options={"multivariat": True}), "sampler option 'multivariat' is not one of"),
         (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload=attention,
                            sampler_options={"seed": 3}), "sampler option 'seed' is not one of"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space().add_discrete(
+            "allocator", ["", "expandable_segment:True"]), workload=attention),
+         "parameter 'allocator': allocator setting 'expandable_segment:True': unrecognized allocator setting"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space().add_discrete(
+            "allocator", ["", "expandable_segments:True,max_split_size_mb:64"]), workload=attention),
+         "expandable_segments cannot be combined with max_split_size_bytes"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space().add_discrete("allocator", ["", 128]),
+                           workload=attention), "parameter 'allocator': 128 is not an allocator setting"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space().add_int("allocator", 1, 3), workload=attention),
+         "parameter 'allocator' takes a list of allocator settings"),
+        (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload=attention, allocator="fast"),
+         "fixed argument 'allocator': allocator setting 'fast': allocator setting 'fast' is not 'key:value'"),
     ],
 )
 def test_more_bad_input_before_any_evaluation(make, message, monkeypatch) -> None:
@@ -294,3 +314,76 @@ def test_oam_tune_json_shows_the_closest_when_nothing_is_feasible(tmp_path, caps
     assert all("latency_ms" in c["reason"] and "is not < 0.001" in c["reason"] for c in out["closest"])
     assert main(["tune", str(tmp_path / "job.json")]) == 1
     assert "no feasible configuration; the closest:" in capsys.readouterr().out
+
+
+# -- allocator strategy, pre-allocated pool and gradient bucket (tuned/jobs/llama7b_training_memory.toml) --
+
+
+def test_allocator_pool_and_bucket_are_tuned_like_a_brute_force_loop() -> None:
+    import statistics
+
+    import simulator
+    from pytest_oam.tune import load_job
+
+    options, target, space, workload = load_job(ROOT / "tuned" / "jobs" / "llama7b_training_memory.toml")
+    assert {"allocator", "prealloc_mib", "grad_bucket_params"} <= set(space.params)
+    assert target.metric == "latency_ms" and target.operator is None and "peak_memory_bytes" in target.constraint
+    assert space.size <= options["max_iterations"]  # the committed job is exhaustive
+    # A part of the job's space, small enough for a test: each choice against a direct run.
+    part = ParameterSpace().add_discrete("allocator", ["", "expandable_segments:True"])
+    part.add_discrete("prealloc_mib", [0, 8192]).add_discrete("grad_bucket_params", [40_000_000, 200_000_000])
+    result = auto_tune(target=target, param_space=part, workload=workload, **options)
+    assert result.exhaustive and result.unique_evaluations == 8
+    run_options = {k: options[k] for k in ("devices", "steps", "seq_len")}
+    brute = {}
+    for allocator, prealloc_mib, bucket in itertools.product(["", "expandable_segments:True"], [0, 8192],
+                                                             [40_000_000, 200_000_000]):
+        profile = simulator.run(workload, allocator=allocator, prealloc_mib=prealloc_mib, grad_bucket_params=bucket,
+                                **run_options)
+        latency_ms = statistics.median(profile.step_times_s) * 1e3
+        peak_bytes = max(m.reserved_peak_bytes for m in profile.memory)
+        brute[(allocator, prealloc_mib, bucket)] = (latency_ms, peak_bytes)
+    for trial in result.trials:
+        key = (trial.params["allocator"], trial.params["prealloc_mib"], trial.params["grad_bucket_params"])
+        assert (trial.metrics["latency_ms"], trial.metrics["peak_memory_bytes"]) == brute[key]
+        assert trial.feasible == (brute[key][1] <= 32212254720)
+    feasible = {k: v for k, v in brute.items() if v[1] <= 32212254720}
+    best = min(feasible, key=lambda k: feasible[k][0])
+    assert result.best.metrics["latency_ms"] == feasible[best][0]
+    # every choice changes the outcome: the allocator the peak memory, the bucket and the pool the time
+    assert brute[("", 0, 40_000_000)][1] != brute[("expandable_segments:True", 0, 40_000_000)][1]
+    assert brute[("", 0, 40_000_000)][0] < brute[("", 0, 200_000_000)][0]
+    assert brute[("", 0, 40_000_000)] != brute[("", 8192, 40_000_000)]
+    # the default (torch_npu's allocator defaults, no pool, Megatron's bucket) ran with memory modelled
+    assert result.default.metrics["peak_memory_bytes"] == brute[("", 0, 40_000_000)][1]
+
+
+def test_oam_tune_says_when_the_default_misses_the_constraint(tmp_path, capsys) -> None:
+    from pytest_oam.cli import main
+
+    (tmp_path / "work.py").write_text(ATTENTION_SOURCE)
+    job = tmp_path / "job.toml"
+    job.write_text('workload = "work:attention"\noperator = "FlashAttention"\nmetric = "latency_ms"\n'
+                   'constraint = "latency_ms < 2.1"\n[space]\nblock_size = [128, 256]\n')
+    assert main(["tune", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "over the default (the default is infeasible: latency_ms 2.165 is not < 2.1)" in out
+
+
+def test_the_default_tpe_is_independent() -> None:
+    # auto_tune's TPE models each parameter on its own (multivariate=False) unless asked: the
+    # joint model locks into one categorical branch within a small budget (see tune._search).
+    def matmul(npu, m_tiles=1, n_tiles=1, transpose=False):
+        npu.matmul(npu.tensor((128 * m_tiles, 1024)), npu.tensor((1024, 128 * n_tiles)))
+
+    space = ParameterSpace().add_int("m_tiles", 1, 64).add_int("n_tiles", 1, 64).add_boolean("transpose")
+    target = OptimizationTarget(operator="MatMul", metric="flop_per_s")
+
+    def trials(options):
+        result = auto_tune(target=target, param_space=space, workload=matmul, max_iterations=25, early_stopping=False,
+                           seed=5, sampler_options=options)
+        return [t.params for t in result.trials]
+
+    default = trials(None)
+    assert default == trials({"multivariate": False})
+    assert default != trials({"multivariate": True})
