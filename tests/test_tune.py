@@ -334,20 +334,29 @@ def test_allocator_pool_and_bucket_are_tuned_like_a_brute_force_loop() -> None:
     part.add_discrete("prealloc_mib", [0, 8192]).add_discrete("grad_bucket_params", [40_000_000, 200_000_000])
     result = auto_tune(target=target, param_space=part, workload=workload, **options)
     assert result.exhaustive and result.unique_evaluations == 8
-    run_options = {k: options[k] for k in ("devices", "steps", "seq_len")}
+    from simulator.allocator import OutOfMemoryError
+
+    run_options = {k: options[k] for k in ("devices", "steps", "seq_len", "tensor_parallel", "data_parallel")}
     brute = {}
     for allocator, prealloc_mib, bucket in itertools.product(["", "expandable_segments:True"], [0, 8192],
                                                              [40_000_000, 200_000_000]):
-        profile = simulator.run(workload, allocator=allocator, prealloc_mib=prealloc_mib, grad_bucket_params=bucket,
-                                **run_options)
+        try:
+            profile = simulator.run(workload, allocator=allocator, prealloc_mib=prealloc_mib,
+                                    grad_bucket_params=bucket, **run_options)
+        except OutOfMemoryError:  # an infeasible trial for auto_tune
+            brute[(allocator, prealloc_mib, bucket)] = (None, None)
+            continue
         latency_ms = statistics.median(profile.step_times_s) * 1e3
         peak_bytes = max(m.reserved_peak_bytes for m in profile.memory)
         brute[(allocator, prealloc_mib, bucket)] = (latency_ms, peak_bytes)
     for trial in result.trials:
         key = (trial.params["allocator"], trial.params["prealloc_mib"], trial.params["grad_bucket_params"])
+        if brute[key][0] is None:
+            assert not trial.feasible and "out of memory" in trial.reason
+            continue
         assert (trial.metrics["latency_ms"], trial.metrics["peak_memory_bytes"]) == brute[key]
         assert trial.feasible == (brute[key][1] <= 32212254720)
-    feasible = {k: v for k, v in brute.items() if v[1] <= 32212254720}
+    feasible = {k: v for k, v in brute.items() if v[1] is not None and v[1] <= 32212254720}
     best = min(feasible, key=lambda k: feasible[k][0])
     assert result.best.metrics["latency_ms"] == feasible[best][0]
     # every choice changes the outcome: the allocator the peak memory, the bucket and the pool the time

@@ -1,15 +1,14 @@
 """Whole-step workloads of tuning jobs (``oam tune tuned/jobs/llama7b_training_memory.toml``)."""
 
 from simulator.models import LLAMA2_7B, ParallelLayout, training_step
-from simulator.models.llama import memory_per_card_bytes
 from simulator.units import MiB
 
 
 def llama7b_training(npu, seq_len=2048, tensor_parallel=2, data_parallel=4, grad_bucket_params=None, prealloc_mib=0):
     """One Llama-2-7B training step on rank 0 of ``tensor_parallel x data_parallel`` cards
-    (``simulator.models.training_step``) with the card's weights, gradients and optimizer state
-    held in device memory for the whole step, so that the caching allocator works near the
-    910's HBM capacity.
+    (``simulator.models.training_step``, which holds the card's weights, gradient buffer and
+    optimizer state in device memory for the job, so that the caching allocator works near
+    the 910's HBM capacity).
 
     ``grad_bucket_params`` is the data-parallel gradient bucket (parameters; default
     Megatron-Core's ``max(40M, 1M x dp)``). ``prealloc_mib`` > 0 pre-allocates a pool: one block
@@ -23,10 +22,6 @@ def llama7b_training(npu, seq_len=2048, tensor_parallel=2, data_parallel=4, grad
         OutOfMemoryError: the pool or the step does not fit in the card's HBM.
     """
     layout = ParallelLayout(tensor_parallel=tensor_parallel, data_parallel=data_parallel)
-    # weights, gradients and optimizer state: the model's estimate without activations
-    # (the step's op outputs allocate those as it runs)
-    state = npu.tensor((memory_per_card_bytes(LLAMA2_7B, layout, 1, 0),), "int8")
     if prealloc_mib:
         npu.free(npu.tensor((prealloc_mib * MiB,), "int8"))
     training_step(npu, LLAMA2_7B, seq_len=seq_len, layout=layout, grad_bucket_params=grad_bucket_params)
-    npu.free(state)
