@@ -29,6 +29,7 @@ from simulator.profile import OpRecord, Profile
 from simulator.units import FP16_MAX
 
 from .diagnosis import (
+    CUBE_OP_TYPES,
     AlignmentGain,
     alignment_gain,
     memory_bound,
@@ -229,6 +230,38 @@ def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
             yield found
 
 
+@rule("cube-alignment", "Cube op with a misaligned shape while its pipes are busy", busy_frac=0.8,
+      min_duration_s=20e-6)
+def cube_alignment(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """Cube ops (MatMul, FlashAttention, ...) longer than ``min_duration_s`` whose shape is not
+    aligned to what the Cube unit wants (padding to the 16 x 16 fractal, a nearly empty last
+    tile, a FlashAttention sequence or head dim that is not a multiple of its block), while
+    their busiest pipe is above ``busy_frac``: the Cube unit is busy, partly with padding. The
+    calls whose pipes idle are low-ai-core-utilization's. Gain: the calls re-costed with the
+    axes aligned (:func:`~pytest_oam.diagnosis.alignment_gain`)."""
+    for ops in _by_call_site(op for op in ctx.step0_ops()
+                             if op.stream == "compute" and op.op_type in CUBE_OP_TYPES).values():
+        op = max(ops, key=lambda o: o.duration_s)
+        busiest = max(op.mac_ratio, op.vec_ratio, op.mte2_ratio)
+        if sum(o.duration_s for o in ops) < ctx.thresholds["min_duration_s"] or busiest <= ctx.thresholds["busy_frac"]:
+            continue
+        aligned = _alignment_gains(ops, ctx.hardware)
+        this = aligned[_shape_key(op)][0]
+        if this is None:
+            continue
+        gain = sum(g.gain_s * calls for g, calls in aligned.values() if g is not None)
+        found = _finding(
+            ctx, "cube-alignment", op, gain,
+            f"{op.op_type} {op.input_shapes}: busiest pipe {busiest * 100:.0f}% (mac_ratio {op.mac_ratio:.2f}) over "
+            f"{len(ops)} calls, but {'; '.join([*misalignment_findings(op, ctx.hardware), this.describe()])}",
+            "pad or reshape the axes to the Cube unit's multiples (16 for the fractal, the tile or block size "
+            "for the last tile; 128 for FlashAttention's sequence and head dim), e.g. pad the vocabulary or "
+            "the hidden size when you choose them",
+        )
+        if found:
+            yield found
+
+
 def _shape_key(op: OpRecord) -> tuple:
     return op.op_type, str(op.input_shapes), op.dtype, str(sorted(op.attrs.items()))
 
@@ -349,11 +382,13 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
 
 
 @rule("comm-share", "Communication not overlapped with compute", share_frac=0.2, small_message_bytes=1 << 20,
-      needs_hardware=False)
+      align_bytes=512, needs_hardware=False)
 def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Collectives whose exposed time (on the HCCL stream while no compute op runs, not counting
     waits for other ranks) takes more than ``share_frac`` of the step, with their overlap,
-    algorithm and bus bandwidth, and how many messages are small (below ``small_message_bytes``)."""
+    algorithm and bus bandwidth, how many messages are small (below ``small_message_bytes``) and
+    how many sizes are not a multiple of ``align_bytes`` (msprof-analyze advisor's byte-alignment
+    check of communication operators: 512 B)."""
     step = ctx.profile.steps - 1
     comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.comm is not None]
     total_s, exposed_s = ctx.profile.comm_time_s(step)
@@ -368,6 +403,7 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
         by_type[o.op_type] += o.duration_s - float(o.attrs.get("wait_time_s", 0.0))
     op = max(comm, key=lambda o: o.duration_s)
     small = sum(1 for o in comm if o.comm.bytes < ctx.thresholds["small_message_bytes"])
+    unaligned = sum(1 for o in comm if o.comm.bytes % ctx.thresholds["align_bytes"])
     parts = ", ".join(f"{t} {d * 1e3:.2f} ms" for t, d in sorted(by_type.items(), key=lambda kv: -kv[1]))
     found = _finding(
         ctx, "comm-share", op, exposed_s,
@@ -375,7 +411,8 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
         f"({exposed_s / step_s * 100:.0f}% of the step) is exposed, not hidden behind compute "
         f"(overlap {(1 - exposed_s / total_s) * 100:.0f}%); the largest, {op.op_type}, runs {op.comm.algorithm} at "
         f"{op.comm.busbw_bytes_per_s / 1e9:.1f} GB/s bus bandwidth"
-        + (f"; {small} messages under {ctx.thresholds['small_message_bytes'] / 2**20:g} MiB" if small else ""),
+        + (f"; {small} messages under {ctx.thresholds['small_message_bytes'] / 2**20:g} MiB" if small else "")
+        + (f"; {unaligned} message sizes not a multiple of {ctx.thresholds['align_bytes']} B" if unaligned else ""),
         "overlap communication with compute (asynchronous gradient buckets during backward), fuse small "
         "messages into larger buckets, or keep the group inside one HCCS mesh",
     )

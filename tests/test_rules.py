@@ -133,6 +133,34 @@ def test_comm_share() -> None:
     f = only(findings(work, devices=8)[0], "comm-share")
     assert f.op_type == "AllReduce" and f.severity == "serious" and "hierarchical-mesh-ring" in f.description
     assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 1}")
+    assert "not a multiple of 512 B" not in f.description  # 128 MiB is aligned
+
+    def unaligned(npu):
+        npu.all_reduce(npu.tensor((64 << 20,)))
+        npu.all_reduce(npu.tensor((1000,)))  # 2,000 B: small, and not a multiple of 512 B
+        npu.matmul(npu.tensor((4096, 4096)), npu.tensor((4096, 4096)))
+
+    f = only(findings(unaligned, devices=8)[0], "comm-share")
+    assert "1 messages under 1 MiB" in f.description and "1 message sizes not a multiple of 512 B" in f.description
+
+
+def test_cube_alignment() -> None:
+    def work(npu, n=4097):
+        npu.matmul(npu.tensor((4096, 4096)), npu.tensor((4096, n)))  # line asserted below
+
+    found, profile = findings(work)
+    f = only(found, "cube-alignment")  # the Cube unit is busy (mac_ratio 0.98): not low utilisation
+    assert (f.severity, f.op_type) == ("serious", "MatMul")
+    assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 1}")
+    assert "N = 4097 is 1 past a multiple of 256" in f.description
+    # N = 4097 needs 17 tile columns of 256 where 4096 needs 16: by hand the call takes 17/16 of
+    # the aligned one after the launch floor, and the gain is that extra column minus the one
+    # column of real work it holds (pro-rated by FLOP).
+    aligned = simulator.run(work, n=4096).ops[0].duration_s
+    launch_s = A910.launch.kernel_launch_latency_s
+    assert profile.ops[0].duration_s - launch_s == pytest.approx((aligned - launch_s) * 17 / 16, rel=0.01)
+    assert f.gain_s == pytest.approx(profile.ops[0].duration_s - aligned * 4097 / 4096, rel=1e-9)
+    assert findings(work, n=4096)[0] == []  # aligned: silent
 
 
 def communicate(npu):
@@ -326,7 +354,7 @@ def test_every_built_in_rule_has_its_fire_and_silence_test() -> None:
         "slow-op": test_slow_op, "low-ai-core-utilization": test_low_ai_core_utilization_gain_is_recosted_with_the_shape_aligned,
         "memory-bound": test_low_ai_core_utilization_and_memory_bound, "low-overlap": test_low_overlap,
         "frequent-alloc": test_frequent_alloc_and_retries, "comm-share": test_comm_share, "comm-wait": test_comm_wait,
-        "slow-link": test_slow_link, "pipeline-bubble": test_pipeline_bubble,
+        "slow-link": test_slow_link, "pipeline-bubble": test_pipeline_bubble, "cube-alignment": test_cube_alignment,
         "nan-inf": test_correctness.test_nan_inf_reports_the_first_op_that_produced_them,
         "fp16-overflow": test_correctness.test_fp16_overflow, "shape-mismatch": test_correctness.test_shape_mismatch,
         "out-of-bounds": test_correctness.test_out_of_bounds_copy,
