@@ -182,7 +182,7 @@ class MemoryEvent:
     ``allocated_bytes`` and ``reserved_bytes`` are the device totals after the call.
     """
 
-    action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool"]
+    action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool", "external"]
     latency_s: float
     requested_bytes: int
     rounded_bytes: int
@@ -504,6 +504,7 @@ class NpuCachingAllocator:
         self._live: dict[int, _Block] = {}
         self._segments: list[_Segment] = []
         self._reserved_total = 0  # torch's total_allocated_memory: bytes backed by HBM
+        self._external_bytes = 0  # HBM other libraries took (take_device_memory)
         self._next_address = _DEVICE_ADDRESS_BASE
         self._ids = itertools.count(1)
         self._stats = {name: {t: _Stat() for t in _STAT_TYPES} for name in _STAT_NAMES}
@@ -585,6 +586,44 @@ class NpuCachingAllocator:
         tally = _Tally()
         self._release_cached_blocks(tally)
         return self._event("empty_cache", tally, None, rounded_bytes=0)
+
+    def take_device_memory(self, size_bytes: int, *, what: str) -> MemoryEvent:
+        """``size_bytes`` of HBM taken by another library with its own ``aclrtMalloc`` (HCCL's
+        communicator buffers): it is not reserved by this allocator, but its segments and the
+        outside memory share the device's capacity from now on (``external_bytes``).
+
+        When the device has no room the unsplit cache is freed first (synchronise and free, as
+        ``empty_cache``) so that memory this allocator only caches does not fail the other
+        library (a simplification: whether torch_npu frees its cache for HCCL is not documented).
+
+        Raises:
+            ValueError: ``size_bytes`` is not a positive integer.
+            OutOfMemoryError: it does not fit even after the cache is freed (the message names
+                ``what``).
+        """
+        if not _is_int(size_bytes) or size_bytes <= 0:
+            raise ValueError(f"size_bytes must be a positive integer, got {size_bytes!r}")
+        size_bytes = int(size_bytes)
+        tally = _Tally(latency_s=self._spec.device_malloc_latency_s)
+        if self._reserved_total + self._external_bytes + size_bytes > self._capacity_bytes:
+            self._release_cached_blocks(tally)
+        if self._reserved_total + self._external_bytes + size_bytes > self._capacity_bytes:
+            self._num_ooms += 1
+            raise OutOfMemoryError(
+                self._oom_message(size_bytes, size_bytes, size_bytes, what),
+                requested_bytes=size_bytes,
+                event=self._event("external", tally, None, rounded_bytes=size_bytes, requested_bytes=size_bytes),
+            )
+        self._external_bytes += size_bytes
+        tally.device_mallocs += 1
+        tally.device_malloc_bytes += size_bytes
+        return self._event("external", tally, None, rounded_bytes=size_bytes, requested_bytes=size_bytes,
+                           block_bytes=size_bytes)
+
+    @property
+    def external_bytes(self) -> int:
+        """HBM taken outside this allocator (:meth:`take_device_memory`), in bytes."""
+        return self._external_bytes
 
     def reserve_pool(self, name: str, size_bytes: int, *, stream: int = 0) -> MemoryEvent:
         """Reserve a fixed region of ``size_bytes`` (rounded up to 2 MiB) for ``alloc(pool=name)``.
@@ -964,7 +1003,7 @@ class NpuCachingAllocator:
     ) -> _Block | None:
         """One ``aclrtMalloc`` of a whole segment; ``None`` when HBM is full."""
         tally.latency_s += self._spec.device_malloc_latency_s
-        if self._reserved_total + size > self._capacity_bytes:
+        if self._reserved_total + self._external_bytes + size > self._capacity_bytes:
             tally.failed_device_mallocs += 1
             return None
         segment = _Segment(self._reserve_address_space(size), size, stream, pool)
@@ -1151,7 +1190,7 @@ class NpuCachingAllocator:
         end = -(-(block.address + size - segment.address) // page)
         count = end - begin
         tally.latency_s += count * self._spec.page_map_latency_s
-        if count == 0 or self._reserved_total + count * page > self._capacity_bytes:
+        if count == 0 or self._reserved_total + self._external_bytes + count * page > self._capacity_bytes:
             tally.failed_device_mallocs += 1
             return False
         for i in range(begin, end):
@@ -1255,14 +1294,15 @@ class NpuCachingAllocator:
         allowed = ""
         if self._allowed_bytes is not None:
             allowed = f"{format_size(self._allowed_bytes)} allowed; "
-        free = self._capacity_bytes - self._reserved_total
+        free = self._capacity_bytes - self._reserved_total - self._external_bytes
+        outside = f"{format_size(self._external_bytes)} held outside PyTorch; " if self._external_bytes else ""
         target = f" for {what}" if what else ""
         return (
             f"NPU out of memory. Tried to allocate {format_size(alloc_size)}{target} "
             f"(NPU {self._device}; {format_size(self._capacity_bytes)} total capacity; "
             f"{format_size(s.allocated_bytes)} already allocated; "
             f"{format_size(s.active_bytes)} current active; {format_size(free)} free; {allowed}"
-            f"{format_size(s.reserved_bytes)} reserved in total by PyTorch; "
+            f"{format_size(s.reserved_bytes)} reserved in total by PyTorch; {outside}"
             f"request of {orig_size} bytes rounded to {format_size(size)}; "
             f"largest free cached block {format_size(s.largest_free_block_bytes)}) "
             "If reserved memory is >> allocated memory try setting max_split_size_mb to avoid "
@@ -1271,7 +1311,7 @@ class NpuCachingAllocator:
 
     def _event(
         self,
-        action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool"],
+        action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool", "external"],
         tally: _Tally,
         handle: Allocation | None,
         *,

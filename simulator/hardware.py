@@ -88,6 +88,11 @@ class InterconnectSpec(_Group):
     roce_bandwidth_bytes_per_s: PositiveFloat = Field(description="Per card, between servers")
     roce_latency_s: PositiveFloat
     link_efficiency_frac: float = Field(gt=0, le=1)
+    hccl_buffer_bytes: NonNegativeInt = Field(
+        default=0,
+        description="HBM one HCCL communicator takes outside the caching allocator, at its first "
+        "collective: 2 x HCCL_BUFFSIZE (send and receive buffers)",
+    )
 
 
 class AllocatorSpec(_Group):

@@ -129,7 +129,7 @@ class MemoryRecord(BaseModel):
     model_config = _RECORD_CONFIG
     step: NonNegativeInt
     time_s: NonNegativeFloat
-    action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool"]
+    action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool", "external"]
     requested_bytes: NonNegativeInt
     block_bytes: NonNegativeInt
     address: NonNegativeInt

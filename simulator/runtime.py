@@ -378,6 +378,7 @@ class NPU:
         self._step_memory = _StepMemoryTally()
         self._memory_steps: list[StepMemory] = []
         self._finalizers: dict[int, weakref.finalize] = {}
+        self._communicators: set[frozenset[int]] = set()  # HCCL groups used so far
         self._memory_events: list[MemoryRecord] = []
         #: For each view: the tensor that owns its allocation, and the view's offset in it.
         self._views: weakref.WeakKeyDictionary[Tensor, tuple[Tensor, int]] = weakref.WeakKeyDictionary()
@@ -1257,11 +1258,30 @@ class NPU:
         values = checks = None
         if data_input is not None and data_input.data is not None:
             values, checks = self._compute(op_type, (data_input,), dtype, out_shape, {"group_size": len(group)})
+        self._communicator(group)
         self._emit(op_type, (costed,), dtype, name, {"ranks": group}, stream="hccl", async_op=async_op, checks=checks)
         index = len(self._records) - 1
         out = self._out(out_shape, dtype, values)  # its allocation may lengthen the collective
         end_s = self._hccl_clock_s
         return Work(self, index, end_s, out) if async_op else out
+
+    def _communicator(self, group: tuple[int, ...]) -> None:
+        """HCCL makes a communicator for each new group at its first collective and takes
+        ``interconnect.hccl_buffer_bytes`` of HBM for it outside the caching allocator (with
+        memory modelled; the device malloc stalls that first collective). Point-to-point
+        communicators are not modelled."""
+        key = frozenset(group)
+        if key in self._communicators:
+            return
+        self._communicators.add(key)
+        size = self.hardware.interconnect.hccl_buffer_bytes
+        if self.allocator is None or len(group) < 2 or not size:
+            return
+        event = self.allocator.take_device_memory(size, what=f"the HCCL communicator of ranks {sorted(group)}")
+        self._note_memory(event)
+        self._pending_stall_s += event.latency_s
+        self._pending_device_mallocs += event.device_mallocs
+        self._pending_device_frees += event.device_frees
 
     def all_reduce(self, x: Tensor, *, ranks: Sequence[int] | None = None, name: str | None = None,
                    async_op: bool = False) -> Tensor | Work:

@@ -66,7 +66,8 @@ def test_a_collectives_output_malloc_stalls_the_collective_not_the_next_step() -
 
     profile = simulator.run(work, devices=2, steps=2, memory=True)
     reduce0, reduce1 = profile.ops_of("AllReduce")
-    assert (reduce0.device_mallocs, reduce1.device_mallocs) == (1, 0)
+    # step 0: the communicator's HCCL buffers and the output; step 1: neither
+    assert (reduce0.device_mallocs, reduce1.device_mallocs) == (2, 0)
     assert reduce0.alloc_stall_s > 0 and reduce1.alloc_stall_s == 0
     assert [op.alloc_stall_s for op in profile.ops_of("Add")][1] == 0
     # the blocking collective ends later by its stall, and the step with it
@@ -192,3 +193,49 @@ def test_llama_step_memory_follows_a_training_loop() -> None:
     # without memory the same step takes the same device time from the second step on
     plain = simulator.run(training_step, LLAMA2_7B, devices=8, steps=2, seq_len=4096)
     assert plain.step_times_s[1] == pytest.approx(profile.step_times_s[1])
+
+
+def test_hccl_communicators_take_hbm_outside_the_allocator() -> None:
+    """Each new group's first collective takes 2 x HCCL_BUFFSIZE = 400 MiB (CANN's default,
+    ``interconnect.hccl_buffer_bytes``) outside the caching allocator: not in ``reserved``, but
+    no longer available to it."""
+    buffer_bytes = A910.interconnect.hccl_buffer_bytes
+    assert buffer_bytes == 2 * 200 * MiB
+
+    def work(npu):
+        x = npu.tensor((1024, 1024))
+        npu.all_reduce(x, ranks=(0, 1))
+        npu.all_reduce(x, ranks=(0, 1))  # same communicator: nothing more
+        npu.all_reduce(x, ranks=(0, 1, 2, 3))  # a second communicator
+
+    profile = simulator.run(work, devices=4, memory=True)
+    external = [e for e in profile.memory_events if e.action == "external"]
+    assert [e.requested_bytes for e in external] == [buffer_bytes, buffer_bytes]
+    first, second, third = profile.ops_of("AllReduce")
+    assert (first.device_mallocs, second.device_mallocs, third.device_mallocs) == (2, 0, 1)  # 1st: + output's
+    assert profile.memory[0].reserved_peak_bytes < buffer_bytes  # reserved counts PyTorch's segments only
+
+    # A job that fits only without the buffers fails at the collective, naming the communicator.
+    def tight(npu):
+        x = npu.tensor((A910.memory.hbm_capacity_bytes - 300 * MiB,), "int8")
+        npu.all_reduce(npu.tensor((16,)), ranks=(0, 1))
+        del x
+
+    with pytest.raises(OutOfMemoryError, match=r"400.00 MiB for the HCCL communicator of ranks \[0, 1\]"):
+        simulator.run(tight, devices=2, memory=True)
+
+
+def test_take_device_memory_frees_the_cache_first_and_checks_its_input() -> None:
+    from simulator.allocator import NpuCachingAllocator
+
+    allocator = NpuCachingAllocator(A910, capacity_bytes=1 * GiB)
+    handle, _ = allocator.alloc(700 * MiB)
+    allocator.free(handle)  # 700 MiB stay cached (reserved)
+    event = allocator.take_device_memory(400 * MiB, what="HCCL")
+    assert event.cache_flushed and event.device_frees == 1 and event.device_mallocs == 1
+    assert allocator.external_bytes == 400 * MiB and allocator.stats().reserved_bytes == 0
+    with pytest.raises(OutOfMemoryError, match="400.00 MiB held outside PyTorch"):
+        allocator.alloc(700 * MiB)  # 1 GiB - 400 MiB left: it no longer fits
+    for bad in (0, -1, 1.5, "x"):
+        with pytest.raises(ValueError, match="size_bytes must be a positive integer"):
+            allocator.take_device_memory(bad, what="HCCL")
