@@ -680,12 +680,16 @@ class OamSession:
         """The knowledge base, read once per process (a worker reads its own copy).
 
         Raises:
-            KnowledgeBaseError: the file is corrupt or of another schema version.
+            KnowledgeBaseError: the file does not exist, is corrupt or is of another schema version.
         """
-        from .knowledge_base import KnowledgeBase
+        from .knowledge_base import KnowledgeBase, KnowledgeBaseError
 
         if self._kb is None:
-            self._kb = KnowledgeBase.load(self.settings.knowledge_base)
+            path = self.settings.knowledge_base
+            if not path.is_file():  # a typo in oam_knowledge_base must not turn every check green
+                raise KnowledgeBaseError(path, "does not exist (the oam_knowledge_base ini key names it; write one "
+                                               "with 'oam tune JOB --save PATH')")
+            self._kb = KnowledgeBase.load(path, missing_ok=False)
         return self._kb
 
     def _tuned_check(self, item: pytest.Item, report: pytest.TestReport) -> None:

@@ -297,13 +297,14 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
 _RUN_ATTRS = ("wait_hccl_op", "wait_time_s", "async_op", "link_bandwidth_frac")
 
 
-def _op_calls(records: list, steps: int) -> tuple[OpCall, ...]:
-    """Group an operator's records by input shapes, dtype and attributes, in order of first call."""
+def _op_calls(records: list, steps: int, *, kernel_only: bool = False) -> tuple[OpCall, ...]:
+    """Group an operator's records by input shapes, dtype and attributes, in order of first call.
+    ``kernel_only``: leave out the time each call waited for the caching allocator."""
     groups: dict[tuple, list[float]] = {}
     for op in records:
         attrs = tuple(sorted((k, v) for k, v in op.attrs.items() if k not in _RUN_ATTRS))
         key = (tuple(tuple(s) for s in op.input_shapes), op.dtype, attrs)
-        groups.setdefault(key, []).append(op.duration_s)
+        groups.setdefault(key, []).append(op.duration_s - op.alloc_stall_s if kernel_only else op.duration_s)
     return tuple(OpCall(shapes, dtype, len(times) / steps, sum(times) / len(times), attrs)
                  for (shapes, dtype, attrs), times in groups.items())
 

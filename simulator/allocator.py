@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from .hardware import AllocatorSpec, HardwareSpec
 from .units import GiB, KiB, MiB
@@ -138,22 +138,43 @@ class AllocatorConfig(BaseModel):
         Raises:
             ValueError: an unknown key, a malformed entry or a value out of range.
         """
+        if not isinstance(conf, str):
+            raise TypeError(f"allocator settings must be a PYTORCH_NPU_ALLOC_CONF string such as "
+                            f"'max_split_size_mb:128', got {conf!r}")
         values: dict[str, object] = {}
+        seen: set[str] = set()
         for entry in filter(None, (part.strip() for part in conf.split(","))):
             key, sep, value = (s.strip() for s in entry.partition(":"))
             if not sep or not value:
                 raise ValueError(f"allocator setting {entry!r} is not 'key:value'")
+            if key in seen:
+                raise ValueError(f"allocator setting {key!r} is given twice in {conf!r}")
+            seen.add(key)
             if key == "max_split_size_mb":
+                if not value.isdigit() or int(value) * MiB <= 20 * MiB:
+                    raise ValueError(f"max_split_size_mb takes a whole number of MiB above 20, got {value!r}")
                 values["max_split_size_bytes"] = int(value) * MiB
             elif key == "garbage_collection_threshold":
-                values["garbage_collection_threshold_frac"] = float(value)
+                try:
+                    frac = float(value)
+                except ValueError:
+                    frac = math.nan
+                if not 0 < frac < 1:
+                    raise ValueError(f"garbage_collection_threshold takes a fraction between 0 and 1 "
+                                     f"(exclusive), got {value!r}")
+                values["garbage_collection_threshold_frac"] = frac
             elif key == "expandable_segments":
                 if value not in ("True", "False"):
-                    raise ValueError("expandable_segments takes True or False")
+                    raise ValueError(f"expandable_segments takes True or False, got {value!r}")
                 values["expandable_segments"] = value == "True"
             else:
-                raise ValueError(f"unrecognized allocator setting {key!r}")
-        return cls.model_validate(values)
+                raise ValueError(f"unrecognized allocator setting {key!r} (known: max_split_size_mb, "
+                                 "garbage_collection_threshold, expandable_segments)")
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:  # the combination torch_npu refuses
+            raise ValueError(f"allocator settings {conf!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") \
+                from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -371,6 +371,9 @@ class NPU:
         self.tokens_per_step: int | None = None
         if isinstance(allocator, str):
             allocator = AllocatorConfig.from_conf_string(allocator)
+        elif allocator is not None and not isinstance(allocator, AllocatorConfig):
+            raise TypeError(f"allocator must be a PYTORCH_NPU_ALLOC_CONF string such as 'max_split_size_mb:128' "
+                            f"or an AllocatorConfig, got {allocator!r}")
         self.memory = bool(memory or allocator is not None)
         self.allocator = NpuCachingAllocator(hardware, allocator) if self.memory else None
         self._pending_stall_s = 0.0
@@ -559,8 +562,9 @@ class NPU:
         ``src_past_bytes`` / ``dst_past_bytes``, and the ``out-of-bounds`` rule reports it.
         When both tensors carry data (:meth:`from_numpy`) and the copy stays in bounds, ``dst``'s
         values (and those of views sharing its memory) are overwritten with ``src``'s, and the
-        record's checks count NaN and Inf among the copied values; an out-of-bounds copy
-        changes no values (what lies past an allocation is not modelled).
+        record's checks count NaN and Inf among the copied values; an in-bounds copy from a
+        ``src`` without values leaves ``dst`` and its views without values; an out-of-bounds
+        copy changes no values (what lies past an allocation is not modelled).
 
         Raises:
             ShapeError: ``dst`` or ``src`` is not a Tensor, their dtypes differ (a byte copy
@@ -609,6 +613,11 @@ class NPU:
         self._emit("Memcpy", (dst, src), dst.dtype, name, attrs, checks=checks)
         if values is not None:
             dst_root.data.flat[dst_start // elt:dst_start // elt + values.size] = values  # in place: views see it
+        elif not past_bytes and dst_root.data is not None:
+            # a copy from a tensor without values: what dst now holds is unknown, so dst and the
+            # views of its memory carry no values any more (as an op's output would not)
+            for tensor in [dst_root, *(v for v, (root, _) in self._views.items() if root is dst_root)]:
+                tensor.__dict__["data"] = None
         return dst
 
     def free(self, tensor: Tensor) -> None:

@@ -9,11 +9,13 @@ round up to 512 B; small pool <= 1 MiB in 2 MiB segments; large requests under 1
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import simulator
 from simulator.allocator import (
     Allocation,
     AllocatorConfig,
@@ -490,6 +492,30 @@ def test_conf_string() -> None:
     for bad in ("bogus:1", "expandable_segments:yes", "max_split_size_mb"):
         with pytest.raises(ValueError):
             AllocatorConfig.from_conf_string(bad)
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    # Regression: these gave int() or pydantic errors that did not name the setting, or were accepted.
+    ("max_split_size_mb:abc", "max_split_size_mb takes a whole number of MiB above 20, got 'abc'"),
+    ("max_split_size_mb:0", "max_split_size_mb takes a whole number of MiB above 20, got '0'"),
+    ("max_split_size_mb:20", "max_split_size_mb takes a whole number of MiB above 20, got '20'"),
+    ("garbage_collection_threshold:1.5", "garbage_collection_threshold takes a fraction between 0 and 1"),
+    ("garbage_collection_threshold:x", "garbage_collection_threshold takes a fraction between 0 and 1"),
+    ("max_split_size_mb:128,max_split_size_mb:256", "'max_split_size_mb' is given twice"),
+    ("expandable_segments:True,max_split_size_mb:128", "expandable_segments cannot be combined"),
+])
+def test_a_bad_conf_string_names_the_setting(conf: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        AllocatorConfig.from_conf_string(conf)
+
+
+@pytest.mark.parametrize("allocator", [5, True, 1.5])
+def test_an_allocator_that_is_not_a_string_is_a_type_error(allocator) -> None:
+    # Regression: an AttributeError from inside the allocator
+    with pytest.raises(TypeError, match="allocator must be a PYTORCH_NPU_ALLOC_CONF string"):
+        simulator.run(lambda npu: None, allocator=allocator)
+    with pytest.raises(TypeError, match="allocator settings must be a PYTORCH_NPU_ALLOC_CONF string"):
+        AllocatorConfig.from_conf_string(allocator)
 
 
 @pytest.mark.parametrize("name", ["ascend910", "ascend910b"])

@@ -419,3 +419,17 @@ def test_bad_memcpy_arguments(call, message) -> None:
             call(npu, npu.tensor((8,)), npu.tensor((8,)))
 
     simulator.run(work)
+
+
+def test_memcpy_from_a_tensor_without_values_forgets_dst_values() -> None:
+    # Regression: dst kept its old values after a copy from a shape-only tensor, and a later op
+    # reported an fp16 overflow computed from values that had been overwritten.
+    def work(npu):
+        dst = npu.from_numpy(np.full((64, 64), 300.0), "fp16")
+        view = npu.view(dst, 0, (64,))
+        npu.memcpy(dst, npu.tensor((64, 64), "fp16"), 8192)
+        assert dst.data is None and view.data is None
+        npu.matmul(dst, dst)  # 300 * 300 * 64 would overflow fp16 if the old values were used
+
+    profile = simulator.run(work)
+    assert run_rules(profile, A910) == []

@@ -250,6 +250,16 @@ def test_assert_near_tuned_outside_pytest(result, tmp_path) -> None:
         assert_near_tuned(simulator.run(attention), "FlashAttention", path, limit="fast")
 
 
+def test_the_tuned_configuration_passes_with_memory_modelled(result, tmp_path) -> None:
+    # Regression: a run with memory=True charged its first step's allocator stall to the
+    # FlashAttention call, so the tuned configuration itself failed its own tuned check.
+    path = tmp_path / "kb.json"
+    record = result.save_to(path)
+    profile = simulator.run(attention, memory=True, **record.config)
+    assert profile.ops_of("FlashAttention")[0].alloc_stall_s > 0  # the first step waited for memory
+    assert assert_near_tuned(profile, "FlashAttention", path, limit="0%") == [record]
+
+
 TEST_MODULE = f'''
 import pytest
 

@@ -194,3 +194,13 @@ def test_no_profile():
     outcome.assert_outcomes(failed=2)
     miss = "*@pytest.mark.oam(tuned=...): FlashAttention matches no op type of the test's profiled runs"
     outcome.stdout.fnmatch_lines([f"{miss} (op types: MatMul)", f"{miss} (op types: none: no oam_profile.run)"])
+
+
+def test_a_marker_with_a_missing_knowledge_base_fails_the_test(pytester: pytest.Pytester) -> None:
+    # Regression: with only the marker, a typo in oam_knowledge_base noted every call as
+    # "no tuned record" and the test passed.
+    pytester.makeini("[pytest]\noam_knowledge_base = typo.json\n")
+    pytester.makepyfile(test_typo=SUITE.replace("{TUNED}", "{}"))
+    outcome = pytester.runpytest("-p", "no:cacheprovider", "-k", "test_tuned_config")
+    outcome.assert_outcomes(failed=1)
+    outcome.stdout.fnmatch_lines([f"*the knowledge base cannot be used: {pytester.path}/typo.json: does not exist*"])
