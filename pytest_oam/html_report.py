@@ -413,6 +413,10 @@ def _test_section(index: int, test: GateReport, series: Sequence[RunSeries], fac
         parts.append(f"<p>baseline: <code>{_e(test.baseline_path)}</code></p>")
     if test.message:
         parts.append(f'<p class="message">{_e(test.message)}</p>')
+    for line in test.tuned_failures:
+        parts.append(f'<p class="message tuned">tuned check failed: {_e(line)}</p>')
+    for line in test.tuned_notes:
+        parts.append(f'<p class="tuned-note">tuned check skipped: {_e(line)}</p>')
     for run in test.runs:
         for reason in run.reasons:
             parts.append(f'<p class="message">run {run.index + 1}: {_e(reason)}</p>')

@@ -96,7 +96,7 @@ class RunReport(BaseModel):
 
 
 class GateReport(BaseModel):
-    """One profiled test of the run. ``failed``: the gate failed the test."""
+    """One profiled test of the run. ``failed``: the gate (or the tuned check) failed the test."""
 
     model_config = _CONFIG
     nodeid: str
@@ -108,6 +108,11 @@ class GateReport(BaseModel):
     verdicts: list[VerdictReport] = Field(default_factory=list)
     findings: list[FindingReport] = Field(default_factory=list)
     diagnosis: list[DiagnosisReport] = Field(default_factory=list)
+    tuned_failures: list[str] = Field(
+        default_factory=list, description="Calls more than their tuned limit slower than the knowledge base's "
+        "optimum (the tuned check, @pytest.mark.oam(tuned=...) / --oam-tuned-limit); any one fails the test")
+    tuned_notes: list[str] = Field(
+        default_factory=list, description="Calls the tuned check skipped: no record for their shapes")
 
 
 class OamReport(BaseModel):
@@ -344,9 +349,11 @@ def markdown_report(report: OamReport) -> str:
         summary_table(report.tests, fmt="github"),
     ]
     for t in failed:
-        lines += ["", f"### {t.status}: {md_code(t.nodeid)}"]
+        lines += ["", f"### {t.status}{', tuned check failed' if t.tuned_failures else ''}: {md_code(t.nodeid)}"]
         if t.message:
             lines += ["", md_text(t.message)]
+        if t.tuned_failures:
+            lines += ["", *(f"- tuned check: {md_text(line)}" for line in t.tuned_failures)]
         if t.verdicts:
             lines += ["", verdict_table(t.verdicts, fmt="github")]
         lines += findings_markdown(t.findings)

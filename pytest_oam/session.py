@@ -490,6 +490,8 @@ class OamSession:
         self._kb = None  # the knowledge base of the tuned check, read when first needed
         #: Per test id, tuned checks skipped for want of a record (shown in the summary).
         self.tuned_notes: dict[str, list[str]] = {}
+        #: Per test id, what its record needs until the tuned check has run (--oam-record).
+        self._pending_records: dict[str, tuple] = {}
 
     # -- collection: validate markers before any test runs --------------------------------------
 
@@ -621,6 +623,10 @@ class OamSession:
         report = self._gate_report(item, call, report)
         if report.when == "call":
             self._tuned_check(item, report)
+            pending = self._pending_records.pop(item.nodeid, None)
+            mode = self.settings.record
+            if pending is not None and (mode == "all" or (mode == "failed" and report.failed)):
+                self._record(item, *pending)  # after the tuned check, which can fail the test too
         return report
 
     def _gate_report(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> pytest.TestReport:
@@ -669,9 +675,8 @@ class OamSession:
                                  f"{'; '.join(f['advice'])}")))
         if text is not None:
             self._fail(report, text)
-        mode = self.settings.record
-        if profiler.profiles and (mode == "all" or (mode == "failed" and report.failed)):
-            self._record(item, profiler, result, text, body_outcome)
+        if profiler.profiles and self.settings.record != "none":
+            self._pending_records[item.nodeid] = (profiler, result, text, body_outcome)
         return report
 
     # -- the tuned check: is each call near the tuned optimum of the knowledge base? ---------------
@@ -743,11 +748,15 @@ class OamSession:
                         (failures if self.settings.strict else notes).append(f"{run}{check.message}")
                     checked += check.status != "no-record"
         report.oam_tuned = {"checked": checked, "failures": failures, "notes": notes}
+        gate = getattr(report, "oam_gate", None)
+        if gate is not None:  # the reports (JSON, Markdown, HTML) carry the tuned check too
+            gate["report"]["tuned_failures"] = failures
+            gate["report"]["tuned_notes"] = notes
         if not failures:
             return
-        gate = getattr(report, "oam_gate", None)
         if gate is not None:
             gate["test_passed"] = False  # no baseline is saved from a run that failed its tuned check
+            gate["report"]["failed"] = True
         self._fail(report, f"oam tuned check: FAILED {item.nodeid}\n" + "\n".join(failures))
 
     def _record(self, item: pytest.Item, profiler: OamProfiler, result: dict[str, Any], text: str | None,

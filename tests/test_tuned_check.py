@@ -129,6 +129,28 @@ def test_a_failing_tuned_check_saves_no_baseline(pytester: pytest.Pytester, run)
     assert len(saved) == 3 and not any("default_config" in name for name in saved)
 
 
+def test_reports_and_records_carry_a_failed_tuned_check(pytester: pytest.Pytester, run) -> None:
+    # Regression: pytest failed the test while the JSON, Markdown and HTML reports called it
+    # passed, and --oam-record wrote no record for it.
+    import json
+
+    from pytest_oam.record import load_record
+
+    outcome = run("--oam-baseline", "--oam-report", "r.json", "--oam-report", "r.md", "--oam-report", "r.html",
+                  "--oam-record", "failed", "-k", "default_config or tuned_config or untuned")
+    outcome.assert_outcomes(passed=2, failed=1)
+    tests = {t["nodeid"].split("::")[1]: t for t in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    default = tests["test_default_config"]
+    assert default["failed"] and "slower than the tuned" in default["tuned_failures"][0]
+    assert not tests["test_tuned_config"]["failed"] and tests["test_tuned_config"]["tuned_failures"] == []
+    assert "no tuned record" in tests["test_untuned_shapes"]["tuned_notes"][0]
+    markdown = (pytester.path / "r.md").read_text()
+    assert markdown.count("**FAILED**") == 1 and "tuned check failed: `test_suite.py::test_default_config`" in markdown
+    assert "tuned check failed: FlashAttention" in (pytester.path / "r.html").read_text()
+    (path,) = (pytester.path / ".oam" / "records").iterdir()
+    assert "test_default_config" in path.name and load_record(path).test_outcome == "passed"  # the body passed
+
+
 MARKER_ERRORS = [
     ('tuned={"FlashAttention": "5"}', "tuned: FlashAttention: limit '5' is a fraction of 5 (500%)"),
     ('tuned={"FlashAttention": "fast"}', "tuned: FlashAttention: limit 'fast' is not a percentage"),
