@@ -48,6 +48,8 @@ class OpStats(BaseModel):
     mac_ratio: NonNegativeFloat = Field(description="Time-weighted mean over the op's records")
     vec_ratio: NonNegativeFloat
     mte2_ratio: NonNegativeFloat
+    alloc_stall_s: NonNegativeFloat = Field(
+        default=0.0, description="Time its calls waited for the caching allocator per step (runs with memory=True)")
 
 
 class RunBaseline(BaseModel):

@@ -38,7 +38,8 @@ JITTER_MIN_STEPS = 50
 TAIL_PERCENTILE = 99
 
 #: Counters compared for a regressed op type, with the share of change that counts as moved.
-COUNTER_FIELDS = ("count_per_step", "flop", "hbm_bytes", "dma_count", "mac_ratio", "vec_ratio", "mte2_ratio")
+COUNTER_FIELDS = ("count_per_step", "flop", "hbm_bytes", "dma_count", "mac_ratio", "vec_ratio", "mte2_ratio",
+                  "alloc_stall_s")
 COUNTER_MOVED_FRAC = 0.01
 
 
@@ -67,7 +68,8 @@ def summarize(profile: Profile) -> RunBaseline:
     for op in [*profile.ops, *profile.op_summaries]:
         t = totals.setdefault(
             op.op_type,
-            {"count": 0.0, "flop": 0.0, "hbm_bytes": 0.0, "dma_count": 0.0, "time": 0.0, "mac": 0.0, "vec": 0.0, "mte2": 0.0},
+            {"count": 0.0, "flop": 0.0, "hbm_bytes": 0.0, "dma_count": 0.0, "time": 0.0, "mac": 0.0, "vec": 0.0, "mte2": 0.0,
+             "stall": 0.0},
         )
         t["count"] += getattr(op, "count", 1)
         t["flop"] += op.flop
@@ -77,6 +79,7 @@ def summarize(profile: Profile) -> RunBaseline:
         t["mac"] += op.mac_ratio * op.duration_s
         t["vec"] += op.vec_ratio * op.duration_s
         t["mte2"] += op.mte2_ratio * op.duration_s
+        t["stall"] += getattr(op, "alloc_stall_s", 0.0)
     ops: dict[str, OpStats] = {}
     for op_type, t in totals.items():
         time_s = profile.op_time_s(op_type)
@@ -97,6 +100,7 @@ def summarize(profile: Profile) -> RunBaseline:
             mac_ratio=t["mac"] / weight,
             vec_ratio=t["vec"] / weight,
             mte2_ratio=t["mte2"] / weight,
+            alloc_stall_s=t["stall"] / steps,
         )
     return RunBaseline(
         hardware=profile.hardware,

@@ -60,6 +60,12 @@ def _advice(
     moved = {c.name: c for c in counters}
     flash = op_type.startswith("FlashAttention")
     tips = []
+    stall = moved.get("alloc_stall_s")
+    if stall is not None and stall.current > stall.baseline:
+        tips.append(f"{op_type} waited {stall.current * 1e3:.3f} ms per step for the caching allocator (was "
+                    f"{stall.baseline * 1e3:.3f} ms): device mallocs, page mappings or a cache flush before its "
+                    "calls, not the kernel; compare the allocator settings (PYTORCH_NPU_ALLOC_CONF) and memory "
+                    "of the two runs, and pre-allocate the buffers that are allocated anew")
     if "count_per_step" in moved:
         count = moved["count_per_step"]
         cause = ("look for added or unfused calls" if count.current > count.baseline
@@ -100,8 +106,9 @@ def _memory_finding(v) -> Finding:
                "freed); with little headroom left the caching allocator starts to flush and retry")
     else:
         what = f"time in the allocator per step grew {v.change_frac * 100:+.1f}%"
-        tip = ("more or different-sized allocations each step: reuse buffers, pre-allocate a pool for tensors "
-               "whose size changes every step, or enable expandable_segments")
+        tip = ("more or different-sized allocations each step, or a costlier allocator setting: reuse buffers, "
+               "pre-allocate a pool for tensors whose size changes every step, or compare the allocator settings "
+               "(expandable_segments maps memory page by page)")
     return Finding(op_type=v.op_type, severity=MEMORY_REGRESSION_SEVERITY, delta_s=0.0, step_share_frac=0.0, counters=[],
                    call_sites=[], advice=[f"{what}: {tip}"])
 

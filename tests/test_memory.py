@@ -239,3 +239,20 @@ def test_take_device_memory_frees_the_cache_first_and_checks_its_input() -> None
     for bad in (0, -1, 1.5, "x"):
         with pytest.raises(ValueError, match="size_bytes must be a positive integer"):
             allocator.take_device_memory(bad, what="HCCL")
+
+
+def test_a_regression_from_allocator_stalls_is_explained_as_such() -> None:
+    # Regression: an op slowed by page mappings (expandable segments) was explained as "same
+    # work and traffic but slower: the kernel lost DMA/compute overlap", counters moved: none.
+    from pytest_oam import compare_profiles
+
+    def work(npu):
+        x = npu.tensor((64 << 20,))  # 128 MiB: one aclrtMalloc, or 7 pages of 20 MiB to map
+        npu.add(x, x)  # both allocations' stalls land on the Add
+
+    report = compare_profiles(simulator.run(work, memory=True),
+                              simulator.run(work, allocator="expandable_segments:True"))
+    (finding,) = [f for f in report.findings if f.op_type == "Add"]
+    assert [c.name for c in finding.counters] == ["alloc_stall_s"]
+    assert finding.advice[0].startswith("Add waited") and "for the caching allocator" in finding.advice[0]
+    assert not any("lost DMA/compute overlap" in tip for tip in finding.advice)
