@@ -50,6 +50,11 @@ class OpStats(BaseModel):
     mte2_ratio: NonNegativeFloat
     alloc_stall_s: NonNegativeFloat = Field(
         default=0.0, description="Time its calls waited for the caching allocator per step (runs with memory=True)")
+    alloc_count: NonNegativeFloat = Field(
+        default=0.0, description="Allocations that stalled its calls (device mallocs, retries) per step, runs with "
+        "memory=True")
+    overlap_frac: float | None = Field(
+        default=None, ge=0, le=1, description="DMA/compute overlap of its compute-stream calls, time-weighted mean")
 
 
 class RunBaseline(BaseModel):

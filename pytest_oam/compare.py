@@ -39,7 +39,7 @@ TAIL_PERCENTILE = 99
 
 #: Counters compared for a regressed op type, with the share of change that counts as moved.
 COUNTER_FIELDS = ("count_per_step", "flop", "hbm_bytes", "dma_count", "mac_ratio", "vec_ratio", "mte2_ratio",
-                  "alloc_stall_s")
+                  "overlap_frac", "alloc_count", "alloc_stall_s")
 COUNTER_MOVED_FRAC = 0.01
 
 
@@ -69,7 +69,7 @@ def summarize(profile: Profile) -> RunBaseline:
         t = totals.setdefault(
             op.op_type,
             {"count": 0.0, "flop": 0.0, "hbm_bytes": 0.0, "dma_count": 0.0, "time": 0.0, "mac": 0.0, "vec": 0.0, "mte2": 0.0,
-             "stall": 0.0},
+             "stall": 0.0, "allocs": 0.0, "overlap": 0.0, "overlap_time": 0.0},
         )
         t["count"] += getattr(op, "count", 1)
         t["flop"] += op.flop
@@ -80,6 +80,12 @@ def summarize(profile: Profile) -> RunBaseline:
         t["vec"] += op.vec_ratio * op.duration_s
         t["mte2"] += op.mte2_ratio * op.duration_s
         t["stall"] += getattr(op, "alloc_stall_s", 0.0)
+        t["allocs"] += getattr(op, "alloc_count", 0)
+        overlap = getattr(op, "overlap_frac", None)
+        if overlap is not None:  # a summary row averages over the time of its ops that have one
+            weight_s = getattr(op, "overlap_time_s", op.duration_s)
+            t["overlap"] += overlap * weight_s
+            t["overlap_time"] += weight_s
     ops: dict[str, OpStats] = {}
     for op_type, t in totals.items():
         time_s = profile.op_time_s(op_type)
@@ -101,6 +107,8 @@ def summarize(profile: Profile) -> RunBaseline:
             vec_ratio=t["vec"] / weight,
             mte2_ratio=t["mte2"] / weight,
             alloc_stall_s=t["stall"] / steps,
+            alloc_count=t["allocs"] / steps,
+            overlap_frac=min(1.0, t["overlap"] / t["overlap_time"]) if t["overlap_time"] else None,
         )
     return RunBaseline(
         hardware=profile.hardware,
@@ -361,6 +369,8 @@ def moved_counters(baseline: OpStats, current: OpStats) -> list[CounterChange]:
     moved = []
     for name in COUNTER_FIELDS:
         old, new = getattr(baseline, name), getattr(current, name)
+        if old is None or new is None:  # overlap of an op with no compute-stream call
+            continue
         scale = max(abs(old), abs(new))
         if scale and abs(new - old) > COUNTER_MOVED_FRAC * scale:
             moved.append(CounterChange(name, old, new))

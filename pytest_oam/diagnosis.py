@@ -85,6 +85,11 @@ def _advice(
         if more_dma:
             tips.append("more DMA transfers: smaller tiles pay the MTE start-up cost more often; "
                         "use larger tiles and sizes aligned to 512 bytes")
+    overlap = moved.get("overlap_frac")
+    if overlap is not None and overlap.current < overlap.baseline and stall is None:
+        tips.append(f"DMA/compute overlap fell {overlap.baseline * 100:.0f}% -> {overlap.current * 100:.0f}%: "
+                    "the next tiles are no longer prefetched while the Cube/Vector units work; check "
+                    "pipeline_stages and the buffers in flight")
     if not tips:
         tips.append("same work and traffic but slower: the kernel lost DMA/compute overlap "
                     "(check pipeline_stages) or its implementation or launch cost changed")

@@ -164,6 +164,11 @@ class OpSummary(BaseModel):
     mac_ratio: NonNegativeFloat
     vec_ratio: NonNegativeFloat
     mte2_ratio: NonNegativeFloat
+    alloc_stall_s: NonNegativeFloat = Field(default=0.0, description="Sum over the ops it stands for")
+    alloc_count: NonNegativeInt = Field(default=0, description="Sum over the ops it stands for")
+    overlap_frac: float | None = Field(
+        default=None, ge=0, le=1, description="Time-weighted mean over its ops that have one (compute stream)")
+    overlap_time_s: NonNegativeFloat = Field(default=0.0, description="Time of the ops overlap_frac averages over")
 
 
 class Profile(BaseModel):
@@ -273,6 +278,8 @@ class Profile(BaseModel):
         for (step, op_type, stream), ops in groups.items():
             time_s = sum(op.duration_s for op in ops)
             weight = time_s or 1.0
+            overlapped = [op for op in ops if op.overlap_frac is not None]
+            overlap_time_s = sum(op.duration_s for op in overlapped)
             summaries.append(OpSummary(
                 op_type=op_type, step=step, stream=stream, count=len(ops),
                 first_start_s=min(op.start_s for op in ops),
@@ -284,6 +291,11 @@ class Profile(BaseModel):
                 mac_ratio=sum(op.mac_ratio * op.duration_s for op in ops) / weight,
                 vec_ratio=sum(op.vec_ratio * op.duration_s for op in ops) / weight,
                 mte2_ratio=sum(op.mte2_ratio * op.duration_s for op in ops) / weight,
+                alloc_stall_s=sum(op.alloc_stall_s for op in ops),
+                alloc_count=sum(op.alloc_count for op in ops),
+                overlap_frac=(min(1.0, sum(op.overlap_frac * op.duration_s for op in overlapped) / overlap_time_s)
+                              if overlap_time_s else None),
+                overlap_time_s=overlap_time_s,
             ))
         return self.model_copy(update={
             "ops": [op for op, kept in zip(self.ops, keep) if kept],

@@ -175,3 +175,18 @@ def test_regressions_are_graded_on_the_rules_scale() -> None:
         assert finding.step_share_frac == pytest.approx(share, rel=1e-6)
         assert finding.severity == ("serious" if share >= 0.05 else "warning" if share >= 0.03 else "info")
     assert fa_share > 0.1  # so 1.5x costs over 5% of the step and 1.03x under 3%
+
+
+def test_a_fall_in_overlap_is_a_counter_that_moved() -> None:
+    # The example of a differential explanation: "overlap 83% -> 18%".
+    def attention(npu, stages=2):
+        q = npu.tensor((1, 32, 4096, 128))
+        npu.flash_attention(q, q, q, pipeline_stages=stages)
+
+    base, cur = simulator.run(attention), simulator.run(attention, stages=1)
+    comparison = compare_run(0, summarize(base), summarize(cur), LimitResolver.build())
+    (finding,) = diagnose(comparison, cur)
+    overlap = {c.name: c for c in finding.counters}["overlap_frac"]
+    # pipeline_stages=1: no buffer in flight, so nothing is prefetched while the units work
+    assert overlap.baseline > 0.9 and overlap.current == 0.0
+    assert any(tip.startswith("DMA/compute overlap fell 100% -> 0%") for tip in finding.advice)

@@ -253,6 +253,7 @@ def test_a_regression_from_allocator_stalls_is_explained_as_such() -> None:
     report = compare_profiles(simulator.run(work, memory=True),
                               simulator.run(work, allocator="expandable_segments:True"))
     (finding,) = [f for f in report.findings if f.op_type == "Add"]
-    assert [c.name for c in finding.counters] == ["alloc_stall_s"]
+    # the stall also lowers the op's overlap (a stall is time nothing was prefetched); the work did not move
+    assert [c.name for c in finding.counters] == ["overlap_frac", "alloc_stall_s"]
     assert finding.advice[0].startswith("Add waited") and "for the caching allocator" in finding.advice[0]
     assert not any("lost DMA/compute overlap" in tip for tip in finding.advice)
