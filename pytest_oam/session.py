@@ -907,6 +907,16 @@ class OamSession:
                 + " (op types are case-sensitive: " + ", ".join(sorted(self.op_types_seen)) + ")",
                 yellow=True,
             )
+        tuned = {**self.settings.ini_tuned_limits, **self.settings.cli_tuned_limits}
+        operators = sorted(o for o in self.op_types_seen if o != "step" and o != "alloc_time"
+                           and not o.startswith("memory."))  # the gate's rows that are not operators
+        unmatched = sorted(p for p in tuned if not any(fnmatchcase(o, p) for o in operators))
+        if unmatched and operators:
+            tr.write_line(
+                "oam: tuned limits match no op type of this run, nothing was checked against them: "
+                + ", ".join(unmatched) + " (op types are case-sensitive: " + ", ".join(operators) + ")",
+                yellow=True,
+            )
         if self.recorded:
             noun = "test" if len(self.recorded) == 1 else "tests"
             folder = self._display(self.settings.record_dir)

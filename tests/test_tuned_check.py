@@ -226,3 +226,11 @@ def test_a_marker_with_a_missing_knowledge_base_fails_the_test(pytester: pytest.
     outcome = pytester.runpytest("-p", "no:cacheprovider", "-k", "test_tuned_config")
     outcome.assert_outcomes(failed=1)
     outcome.stdout.fnmatch_lines([f"*the knowledge base cannot be used: {pytester.path}/typo.json: does not exist*"])
+
+
+def test_an_option_limit_that_matches_no_op_type_is_named(run) -> None:
+    # Review finding: a wrong-case --oam-tuned-limit checked nothing and said nothing.
+    outcome = run("--oam-tuned-limit", "flashattention=2%", "-k", "unmarked")
+    outcome.assert_outcomes(passed=1)
+    outcome.stdout.fnmatch_lines([("oam: tuned limits match no op type of this run, nothing was checked against "
+                                  "them: flashattention (op types are case-sensitive: FlashAttention)")])
