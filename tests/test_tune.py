@@ -396,3 +396,15 @@ def test_the_default_tpe_is_independent() -> None:
     default = trials(None)
     assert default == trials({"multivariate": False})
     assert default != trials({"multivariate": True})
+
+
+def test_a_tie_with_the_default_keeps_the_default() -> None:
+    # Review finding: among configurations that tie with the default, floating-point noise (or
+    # the order of the grid) picked the best, recommending a change that gains nothing.
+    def matmul(npu, label=1):  # label changes nothing the simulator costs
+        npu.matmul(npu.tensor((1024, 1024)), npu.tensor((1024, 1024)))
+
+    space = ParameterSpace().add_discrete("label", [0, 1, 2])
+    result = auto_tune(target=OptimizationTarget(operator="MatMul", metric="latency_ms"), param_space=space,
+                       workload=matmul, max_iterations=10)
+    assert result.exhaustive and result.best_params == {"label": 1} and result.improvement_frac == 0
