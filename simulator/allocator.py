@@ -1325,9 +1325,9 @@ class NpuCachingAllocator:
             f"{format_size(s.active_bytes)} current active; {format_size(free)} free; {allowed}"
             f"{format_size(s.reserved_bytes)} reserved in total by PyTorch; {outside}"
             f"request of {orig_size} bytes rounded to {format_size(size)}; "
-            f"largest free cached block {format_size(s.largest_free_block_bytes)}) "
-            "If reserved memory is >> allocated memory try setting max_split_size_mb to avoid "
-            "fragmentation."
+            f"largest free cached block {format_size(s.largest_free_block_bytes)})"
+            + ("" if self._config.expandable_segments else  # torch_npu refuses max_split with expandable
+               " If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.")
         )
 
     def _event(

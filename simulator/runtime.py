@@ -94,6 +94,9 @@ def _check_tensors(op: str, **tensors: object) -> None:
             raise ShapeError(
                 f"{op}: {label} must be a Tensor (made with npu.tensor(shape, dtype)), got {type(value).__name__}"
             )
+        if "_freed" in value.__dict__:
+            raise ValueError(f"{op}: {label} {list(value.shape)} was given back with npu.free() before this op: "
+                             "a use after free")
 
 
 def _check_dtype(op: str, dtype: str) -> str:
@@ -622,10 +625,12 @@ class NPU:
 
     def free(self, tensor: Tensor) -> None:
         """Give ``tensor``'s memory back to the caching allocator now (as ``del`` does when the
-        last reference goes)."""
+        last reference goes). An op that is later given ``tensor`` raises ``ValueError`` (a use
+        after free)."""
         finalizer = self._finalizers.pop(id(tensor), None)
         if finalizer is not None:
             finalizer()
+            tensor.__dict__["_freed"] = True  # a later op that reads or writes it is a use after free
 
     # -- memory --------------------------------------------------------------------------------
 

@@ -257,3 +257,26 @@ def test_a_regression_from_allocator_stalls_is_explained_as_such() -> None:
     assert [c.name for c in finding.counters] == ["overlap_frac", "alloc_stall_s"]
     assert finding.advice[0].startswith("Add waited") and "for the caching allocator" in finding.advice[0]
     assert not any("lost DMA/compute overlap" in tip for tip in finding.advice)
+
+
+def test_a_use_after_free_is_an_error() -> None:
+    # Review finding: npu.free(b) and then an op on b was accepted.
+    def work(npu):
+        a, b = npu.tensor((1024,)), npu.tensor((1024,))
+        npu.free(b)
+        npu.memcpy(b, a, 2048)
+
+    with pytest.raises(ValueError, match=r"Memcpy: dst \[1024\] was given back with npu.free\(\) before this op"):
+        simulator.run(work, memory=True)
+
+
+def test_the_out_of_memory_advice_fits_the_allocator_settings() -> None:
+    # Review finding: under expandable segments the message advised max_split_size_mb, a
+    # combination torch_npu refuses.
+    def work(npu):
+        npu.tensor((A910.memory.hbm_capacity_bytes + 1,), "int8")
+
+    for conf, advised in (("", True), ("expandable_segments:True", False)):
+        with pytest.raises(OutOfMemoryError) as info:
+            simulator.run(work, allocator=conf or None, memory=True)
+        assert ("try setting max_split_size_mb" in str(info.value)) == advised
