@@ -6,6 +6,7 @@ All unit conversion for display happens here; data stays in SI units.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -169,6 +170,8 @@ def bytes_unit(size: float) -> tuple[float, str]:
 def fmt_frac(frac: float | None, signed: bool = False) -> str:
     if frac is None:
         return "-"
+    if math.isinf(frac):
+        return "new"  # from zero: no finite percentage
     percent = frac * 100 + 0.0  # + 0.0 turns -0.0 into 0.0
     if abs(percent) < 0.05:
         percent = 0.0  # a rounding-level change prints as +0.0%, not -0.0%

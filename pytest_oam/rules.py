@@ -142,6 +142,13 @@ def _finding(ctx: RuleContext, rule_id: str, op: OpRecord, gain_s: float, descri
                        gain_s / ctx.step_time_s)
 
 
+def _steps_text(steps: list[int]) -> str:
+    """``step 3`` or ``steps 3, 5, 9 ...`` (the first eight)."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"steps {', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''}"
+
+
 def _by_call_site(ops: Iterable[OpRecord]) -> dict[tuple[str, str | None], list[OpRecord]]:
     groups: dict[tuple[str, str | None], list[OpRecord]] = defaultdict(list)
     for op in ops:
@@ -180,7 +187,7 @@ def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
             ctx, "slow-op", worst, excess_per_step,
             f"{len(slow)} of {len(ops)} calls take more than {ctx.thresholds['factor']:g}x the median "
             f"{typical * 1e3:.3f} ms (worst {worst.duration_s * 1e3:.3f} ms in step {worst.step}{stall}); "
-            f"steps {', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''}",
+            f"{_steps_text(steps)}",
             "look at what runs just before the slow calls (memory allocation, synchronisation, "
             "another stream) and compare a slow step with a normal one",
         )
@@ -329,8 +336,7 @@ def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
         was = f" (other calls {statistics.median(normal) * 100:.0f}%)" if normal else ""
         found = _finding(
             ctx, "low-overlap", op, lost,
-            f"{op.op_type}: DMA/compute overlap {op.overlap_frac * 100:.0f}%{was} in steps "
-            f"{', '.join(map(str, steps[:8]))}{' ...' if len(steps) > 8 else ''}"
+            f"{op.op_type}: DMA/compute overlap {op.overlap_frac * 100:.0f}%{was} in {_steps_text(steps)}"
             + (f"; it waited {op.alloc_stall_s * 1e3:.2f} ms for memory ({op.device_frees} device frees, "
                f"{op.device_mallocs} mallocs, {op.alloc_retries} allocation retries)" if op.alloc_stall_s else ""),
             ("pre-allocate the buffers of the op that waited for memory (a reserved pool), or use "
@@ -365,8 +371,7 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
         period = ""
         if len(retry_steps) > 1:
             period = f", about every {statistics.median(b - a for a, b in itertools.pairwise(retry_steps)):g} steps"
-        evidence.append(f"allocations flushed the cache and retried in steps "
-                        f"{', '.join(map(str, retry_steps[:8]))}{' ...' if len(retry_steps) > 8 else ''}{period}")
+        evidence.append(f"allocations flushed the cache and retried in {_steps_text(retry_steps)}{period}")
     evidence.append(f"peak reserved {max(m.reserved_peak_bytes for m in memory) / 2**30:.2f} GiB, up to "
                     f"{max(m.inactive_split_bytes for m in memory) / 2**20:.0f} MiB free inside split blocks")
     severity = grade(gain, ctx.step_time_s) or ("warning" if retry_steps else None)

@@ -119,7 +119,7 @@ def test_frequent_alloc_and_retries() -> None:
 
     found, profile = findings(work, steps=2, memory=True)
     f = only(found, "frequent-alloc")
-    assert "flushed the cache and retried in steps 1" in f.description and f.step_share_frac <= 1
+    assert "flushed the cache and retried in step 1;" in f.description and f.step_share_frac <= 1
     assert f.severity in ("serious", "warning") and f.op_type == "Add"
     assert f.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 3}")
     assert [m.alloc_retries for m in profile.memory] == [0, 1]
