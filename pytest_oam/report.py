@@ -386,11 +386,13 @@ def diagnosis_text(items: Sequence[DiagnosisReport], indent: str = "") -> str:
 
 def findings_markdown(findings: Sequence[Finding | FindingReport]) -> list[str]:
     """One Markdown list item per finding, its advice nested under it."""
+    from .thresholds import MEMORY_ROWS
+
     lines = []
     for f in findings:
         where = "; ".join(md_code(site) for site, _ in f.call_sites)
-        lines += [f"- **{f.severity}** {md_text(f.op_type)}: +{fmt_time(f.delta_s)} per step"
-                  + (f", at {where}" if where else "")]
+        cost = "" if f.op_type in MEMORY_ROWS else f": +{fmt_time(f.delta_s)} per step"  # memory has no time of its own
+        lines += [f"- **{f.severity}** {md_text(f.op_type)}{cost}" + (f", at {where}" if where else "")]
         lines += [f"  - {md_text(tip)}" for tip in f.advice]
     return lines
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .evaluate import GateInputs, gate_fails
-from .thresholds import ThresholdError, parse_entry, parse_mapping
+from .thresholds import MEMORY_ROWS, ThresholdError, parse_entry, parse_mapping
 
 if TYPE_CHECKING:
     from simulator.profile import Profile
@@ -669,10 +669,10 @@ class OamSession:
                                  f"{d['step_share_frac'] * 100:.1f}%; {d['fix']})")))
         for f in result["report"].get("findings", []):  # the explanation of a regression, same scale
             sites = ", ".join(site for site, _ in f["call_sites"]) or "-"
+            cost = ("" if f["op_type"] in MEMORY_ROWS else  # memory rows have no time of their own
+                    f": +{f['delta_s'] * 1e3:.3f} ms per step ({f['step_share_frac'] * 100:.1f}% of the baseline step)")
             item.user_properties.append(
-                ("oam_finding", (f"{f['severity']} {f['kind']} {f['op_type']} at {sites}: +{f['delta_s'] * 1e3:.3f} ms "
-                                 f"per step ({f['step_share_frac'] * 100:.1f}% of the baseline step); "
-                                 f"{'; '.join(f['advice'])}")))
+                ("oam_finding", f"{f['severity']} {f['kind']} {f['op_type']} at {sites}{cost}; {'; '.join(f['advice'])}"))
         if text is not None:
             self._fail(report, text)
         if profiler.profiles and self.settings.record != "none":

@@ -146,6 +146,13 @@ def test_memory(oam_profile):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*memory.allocated_peak*18.00 MiB*22.00 MiB*+22.2%*5.0%*REGRESSED*",
                                  "*peak allocated memory grew +22.2% (18.0 -> 22.0 MiB)*"])
+    # Review finding: memory rows have no time of their own, but the Markdown and JUnit said
+    # "+0.0 us per step"
+    pytester.runpytest("--oam-baseline", "--oam-report", "r.md", "--junitxml", "j.xml")
+    markdown, junit = (pytester.path / "r.md").read_text(), (pytester.path / "j.xml").read_text()
+    (line,) = [line for line in markdown.splitlines() if line.startswith("- **warning** memory.allocated_peak")]
+    assert "per step" not in line
+    assert "memory.allocated_peak at -; peak allocated memory grew" in junit
 
 
 def test_dropping_memory_tracking_is_not_silently_ungated() -> None:
