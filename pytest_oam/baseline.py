@@ -24,7 +24,7 @@ from pydantic import (
     ValidationError,
 )
 
-from .fileio import atomic_write_text
+from .fileio import JsonFileError, atomic_write_text, read_json_object
 
 SCHEMA_VERSION = 1
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
@@ -158,25 +158,12 @@ def load_baseline(path: Path, nodeid: str | None = None) -> BaselineFile:
             Infinity values, fields that fail validation, or a file made for another test.
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BaselineError(path, f"cannot be read ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise BaselineError(path, "is not UTF-8 text") from None
-    if not text.strip():
-        raise BaselineError(path, "is empty (truncated write?)")
-    try:
-        data = json.loads(text)
+        data = read_json_object(path, "a valid baseline")
         bad = _non_finite_paths(data)
+    except JsonFileError as exc:
+        raise BaselineError(path, exc.problem) from None
     except RecursionError:
         raise BaselineError(path, "is not a valid baseline: its JSON nests too deeply") from None
-    except json.JSONDecodeError as exc:
-        stripped = text.strip()
-        if exc.pos >= len(stripped) or (stripped.startswith("{") and not stripped.endswith("}")):
-            raise BaselineError(path, f"is truncated: JSON ends early (line {exc.lineno})") from None
-        raise BaselineError(path, f"is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
-    if not isinstance(data, dict):
-        raise BaselineError(path, "is not a JSON object")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise BaselineError(

@@ -79,12 +79,11 @@ def summarize(profile: Profile) -> RunBaseline:
         t["mac"] += op.mac_ratio * op.duration_s
         t["vec"] += op.vec_ratio * op.duration_s
         t["mte2"] += op.mte2_ratio * op.duration_s
-        t["stall"] += getattr(op, "alloc_stall_s", 0.0)
-        t["allocs"] += getattr(op, "alloc_count", 0)
-        overlap = getattr(op, "overlap_frac", None)
-        if overlap is not None:  # a summary row averages over the time of its ops that have one
+        t["stall"] += op.alloc_stall_s
+        t["allocs"] += op.alloc_count
+        if op.overlap_frac is not None:  # a summary row averages over the time of its ops that have one
             weight_s = getattr(op, "overlap_time_s", op.duration_s)
-            t["overlap"] += overlap * weight_s
+            t["overlap"] += op.overlap_frac * weight_s
             t["overlap_time"] += weight_s
     ops: dict[str, OpStats] = {}
     for op_type, t in totals.items():

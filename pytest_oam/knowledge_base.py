@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, StringConstraints, ValidationError
 
-from .fileio import atomic_write_text
+from .fileio import JsonFileError, atomic_write_text, read_json_object
 
 if TYPE_CHECKING:
     from simulator.profile import Profile
@@ -151,29 +151,16 @@ class KnowledgeBase:
         """Read ``path``; a file that does not exist is an empty knowledge base (``missing_ok``).
 
         Raises:
-            KnowledgeBaseError: unreadable, empty, not JSON, another schema version, a record
+            KnowledgeBaseError: unreadable, empty, truncated, not JSON, another schema version, a record
                 that fails validation, or two records with the same key (naming the file).
         """
         path = Path(path)
         if not path.exists() and missing_ok:
             return cls(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise KnowledgeBaseError(path, f"cannot be read ({exc.strerror or exc})") from None
-        except UnicodeDecodeError:
-            raise KnowledgeBaseError(path, "is not UTF-8 text") from None
-        if not text.strip():
-            raise KnowledgeBaseError(path, "is empty (truncated write?)")
-        try:
-            data = json.loads(text)
-        except RecursionError:
-            raise KnowledgeBaseError(path, "is not a knowledge base: its JSON nests too deeply") from None
-        except json.JSONDecodeError as exc:
-            raise KnowledgeBaseError(path, f"is not valid JSON: {exc.msg} at line {exc.lineno}, "
-                                           f"column {exc.colno}") from None
-        if not isinstance(data, dict):
-            raise KnowledgeBaseError(path, "is not a JSON object")
+            data = read_json_object(path, "a knowledge base")
+        except JsonFileError as exc:
+            raise KnowledgeBaseError(path, exc.problem) from None
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
             raise KnowledgeBaseError(path, f"has schema_version {version!r}; this pytest-oam reads knowledge "

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .evaluate import GateInputs, gate_fails
-from .thresholds import MEMORY_ROWS, ThresholdError, parse_entry, parse_mapping
+from .thresholds import MEMORY_ROWS, STEP_ROW, ThresholdError, parse_entry, parse_mapping
 
 if TYPE_CHECKING:
     from simulator.profile import Profile
@@ -241,16 +241,28 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
     )
 
 
-def _check_knowledge_base(path: Path, where: str) -> None:
-    """A tuned-limit option needs a knowledge base that exists and reads (checked at start, so
-    a typo in ``oam_knowledge_base`` is not a green run of skipped checks)."""
+def _load_knowledge_base(path: Path):
+    """The knowledge base of the tuned check.
+
+    Raises:
+        KnowledgeBaseError: the file does not exist (a typo in ``oam_knowledge_base`` must not
+            turn every tuned check into a skipped one), is corrupt or of another schema version.
+    """
     from .knowledge_base import KnowledgeBase, KnowledgeBaseError
 
     if not path.is_file():
-        raise _usage(f"{where}: the knowledge base {path} does not exist (the oam_knowledge_base ini key names it; "
-                     "write one with 'oam tune JOB --save PATH')")
+        raise KnowledgeBaseError(path, "does not exist (the oam_knowledge_base ini key names it; write one with "
+                                       "'oam tune JOB --save PATH')")
+    return KnowledgeBase.load(path, missing_ok=False)
+
+
+def _check_knowledge_base(path: Path, where: str) -> None:
+    """A tuned-limit option needs a knowledge base that exists and reads (checked at start, so
+    a typo in ``oam_knowledge_base`` is not a green run of skipped checks)."""
+    from .knowledge_base import KnowledgeBaseError
+
     try:
-        KnowledgeBase.load(path, missing_ok=False)
+        _load_knowledge_base(path)
     except KnowledgeBaseError as exc:
         raise _usage(f"{where}: {exc}") from None
 
@@ -685,16 +697,10 @@ class OamSession:
         """The knowledge base, read once per process (a worker reads its own copy).
 
         Raises:
-            KnowledgeBaseError: the file does not exist, is corrupt or is of another schema version.
+            KnowledgeBaseError: see :func:`_load_knowledge_base`.
         """
-        from .knowledge_base import KnowledgeBase, KnowledgeBaseError
-
         if self._kb is None:
-            path = self.settings.knowledge_base
-            if not path.is_file():  # a typo in oam_knowledge_base must not turn every check green
-                raise KnowledgeBaseError(path, "does not exist (the oam_knowledge_base ini key names it; write one "
-                                               "with 'oam tune JOB --save PATH')")
-            self._kb = KnowledgeBase.load(path, missing_ok=False)
+            self._kb = _load_knowledge_base(self.settings.knowledge_base)
         return self._kb
 
     def _tuned_check(self, item: pytest.Item, report: pytest.TestReport) -> None:
@@ -908,8 +914,7 @@ class OamSession:
                 yellow=True,
             )
         tuned = {**self.settings.ini_tuned_limits, **self.settings.cli_tuned_limits}
-        operators = sorted(o for o in self.op_types_seen if o != "step" and o != "alloc_time"
-                           and not o.startswith("memory."))  # the gate's rows that are not operators
+        operators = sorted(self.op_types_seen - {STEP_ROW, *MEMORY_ROWS})  # the gate's rows that are operators
         unmatched = sorted(p for p in tuned if not any(fnmatchcase(o, p) for o in operators))
         if unmatched and operators:
             tr.write_line(

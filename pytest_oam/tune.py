@@ -327,10 +327,11 @@ def _check_workload(workload: Callable, names: list[str]) -> None:
 
 #: Keyword arguments of ``simulator.run`` that a workload parameter may not shadow.
 _RESERVED = frozenset({"npu", "steps", "hardware", "devices", "memory", "op_time_scale"})
-#: Parameters (of the space, or fixed) that go to ``simulator.run`` instead of the workload:
-#: ``allocator``, the caching allocator's settings as a ``PYTORCH_NPU_ALLOC_CONF`` string
-#: (``"expandable_segments:True"``; ``""`` for torch_npu's defaults) or an ``AllocatorConfig``.
-RUN_PARAMETERS = ("allocator",)
+#: Parameters (of the space, or fixed) that go to ``simulator.run`` instead of the workload, with
+#: the value a run has without them: ``allocator``, the caching allocator's settings as a
+#: ``PYTORCH_NPU_ALLOC_CONF`` string (``"expandable_segments:True"``; ``""`` for torch_npu's
+#: defaults) or an ``AllocatorConfig``.
+RUN_PARAMETERS: dict[str, Any] = {"allocator": ""}
 
 
 def _check_allocators(values: Sequence[Any], where: str) -> None:
@@ -498,15 +499,15 @@ def auto_tune(
 
 
 def _default_params(workload: Callable, space: ParameterSpace) -> dict[str, Any]:
-    """The workload's default value of each parameter of ``space`` (from its signature); empty
+    """The default value of each parameter of ``space`` (the workload's signature, or
+    :data:`RUN_PARAMETERS` for a parameter of the run); empty
     when one has no default or the signature cannot be read."""
     try:
         parameters = inspect.signature(workload).parameters
     except (TypeError, ValueError):
         return {}
-    defaults = {name: parameters[name].default for name in space.params if name in parameters}
-    if "allocator" in space.params:
-        defaults["allocator"] = ""  # a run parameter: torch_npu's defaults
+    defaults = {name: RUN_PARAMETERS[name] if name in RUN_PARAMETERS else parameters[name].default
+                for name in space.params if name in parameters or name in RUN_PARAMETERS}
     if len(defaults) != len(space.params) or any(v is inspect.Parameter.empty for v in defaults.values()):
         return {}
     return defaults

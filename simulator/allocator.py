@@ -142,38 +142,37 @@ class AllocatorConfig(BaseModel):
             raise TypeError(f"allocator settings must be a PYTORCH_NPU_ALLOC_CONF string such as "
                             f"'max_split_size_mb:128', got {conf!r}")
         values: dict[str, object] = {}
-        seen: set[str] = set()
+        keys = {}  # model field -> the setting that gave it, for messages
         for entry in filter(None, (part.strip() for part in conf.split(","))):
             key, sep, value = (s.strip() for s in entry.partition(":"))
             if not sep or not value:
                 raise ValueError(f"allocator setting {entry!r} is not 'key:value'")
-            if key in seen:
+            if key in keys.values():
                 raise ValueError(f"allocator setting {key!r} is given twice in {conf!r}")
-            seen.add(key)
             if key == "max_split_size_mb":
-                if not value.isdigit() or int(value) * MiB <= 20 * MiB:
-                    raise ValueError(f"max_split_size_mb takes a whole number of MiB above 20, got {value!r}")
-                values["max_split_size_bytes"] = int(value) * MiB
+                if not value.isdigit():
+                    raise ValueError(f"max_split_size_mb takes a whole number of MiB, got {value!r}")
+                field_name, parsed = "max_split_size_bytes", int(value) * MiB
             elif key == "garbage_collection_threshold":
                 try:
-                    frac = float(value)
+                    parsed = float(value)
                 except ValueError:
-                    frac = math.nan
-                if not 0 < frac < 1:
-                    raise ValueError(f"garbage_collection_threshold takes a fraction between 0 and 1 "
-                                     f"(exclusive), got {value!r}")
-                values["garbage_collection_threshold_frac"] = frac
+                    raise ValueError(f"garbage_collection_threshold takes a fraction, got {value!r}") from None
+                field_name = "garbage_collection_threshold_frac"
             elif key == "expandable_segments":
                 if value not in ("True", "False"):
                     raise ValueError(f"expandable_segments takes True or False, got {value!r}")
-                values["expandable_segments"] = value == "True"
+                field_name, parsed = "expandable_segments", value == "True"
             else:
                 raise ValueError(f"unrecognized allocator setting {key!r} (known: max_split_size_mb, "
                                  "garbage_collection_threshold, expandable_segments)")
+            values[field_name], keys[field_name] = parsed, key
         try:
             return cls.model_validate(values)
-        except ValidationError as exc:  # the combination torch_npu refuses
-            raise ValueError(f"allocator settings {conf!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") \
+        except ValidationError as exc:  # a value out of range, or a combination torch_npu refuses
+            error = exc.errors()[0]
+            setting = f"{keys[error['loc'][0]]}: " if error["loc"] else ""
+            raise ValueError(f"allocator settings {conf!r}: {setting}{error['msg'].removeprefix('Value error, ')}") \
                 from None
 
 

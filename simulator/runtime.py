@@ -105,6 +105,14 @@ def _check_dtype(op: str, dtype: str) -> str:
     return dtype
 
 
+def _checks(values: numerics.Values, out_shape: Sequence[int]) -> OpChecks:
+    """The correctness checks of an op whose result has ``values``."""
+    return OpChecks.model_construct(
+        output_shape=list(out_shape), nan_count=values.nan_count, inf_count=values.inf_count,
+        saturated_count=values.saturated_count, max_abs_value=values.max_abs_value,
+        declared_shape=None, out_of_bounds_elements=0)
+
+
 def _keep_alive(*_: object) -> None:
     """Finalizer of a view: holding its base tensor as an argument keeps the base alive."""
 
@@ -606,13 +614,7 @@ class NPU:
         values = None
         if not past_bytes and dst_root.data is not None and src_root.data is not None:
             values = src_root.data.reshape(-1)[src_start // elt:(src_start + nbytes) // elt].copy()
-            floats = values.dtype.kind == "f"
-            finite = values[np.isfinite(values)] if floats else values
-            checks = OpChecks.model_construct(
-                output_shape=[values.size], nan_count=int(np.count_nonzero(np.isnan(values))) if floats else 0,
-                inf_count=int(np.count_nonzero(np.isinf(values))) if floats else 0, saturated_count=0,
-                max_abs_value=float(np.max(np.abs(finite.astype(np.float64)))) if finite.size else None,
-                declared_shape=None, out_of_bounds_elements=0)
+            checks = _checks(numerics.store(values, dst.dtype), [values.size])  # the copied values' NaN, Inf
         self._emit("Memcpy", (dst, src), dst.dtype, name, attrs, checks=checks)
         if values is not None:
             dst_root.data.flat[dst_start // elt:dst_start // elt + values.size] = values  # in place: views see it
@@ -708,10 +710,7 @@ class NPU:
         values = numerics.evaluate(op_type, [t.data for t in inputs], dtype, attrs)
         if values is None:
             return None, None
-        return values, OpChecks.model_construct(
-            output_shape=list(out_shape), nan_count=values.nan_count, inf_count=values.inf_count,
-            saturated_count=values.saturated_count, max_abs_value=values.max_abs_value,
-            declared_shape=None, out_of_bounds_elements=0)
+        return values, _checks(values, out_shape)
 
     def _emit(
         self,
@@ -1284,13 +1283,13 @@ class NPU:
         ``interconnect.hccl_buffer_bytes`` of HBM for it outside the caching allocator (with
         memory modelled; the device malloc stalls that first collective). Point-to-point
         communicators are not modelled."""
+        size = self.hardware.interconnect.hccl_buffer_bytes
+        if self.allocator is None or len(group) < 2 or not size:
+            return  # without memory modelled a collective pays nothing here
         key = frozenset(group)
         if key in self._communicators:
             return
         self._communicators.add(key)
-        size = self.hardware.interconnect.hccl_buffer_bytes
-        if self.allocator is None or len(group) < 2 or not size:
-            return
         event = self.allocator.take_device_memory(size, what=f"the HCCL communicator of ranks {sorted(group)}")
         self._note_memory(event)
         self._pending_stall_s += event.latency_s

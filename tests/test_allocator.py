@@ -496,17 +496,22 @@ def test_conf_string() -> None:
 
 @pytest.mark.parametrize(("conf", "message"), [
     # Regression: these gave int() or pydantic errors that did not name the setting, or were accepted.
-    ("max_split_size_mb:abc", "max_split_size_mb takes a whole number of MiB above 20, got 'abc'"),
-    ("max_split_size_mb:0", "max_split_size_mb takes a whole number of MiB above 20, got '0'"),
-    ("max_split_size_mb:20", "max_split_size_mb takes a whole number of MiB above 20, got '20'"),
-    ("garbage_collection_threshold:1.5", "garbage_collection_threshold takes a fraction between 0 and 1"),
-    ("garbage_collection_threshold:x", "garbage_collection_threshold takes a fraction between 0 and 1"),
+    ("max_split_size_mb:abc", "max_split_size_mb takes a whole number of MiB, got 'abc'"),
+    ("max_split_size_mb:0", "allocator settings 'max_split_size_mb:0': max_split_size_mb: Input should be greater"),
+    ("garbage_collection_threshold:1.5", "garbage_collection_threshold: Input should be less than 1"),
+    ("garbage_collection_threshold:x", "garbage_collection_threshold takes a fraction, got 'x'"),
     ("max_split_size_mb:128,max_split_size_mb:256", "'max_split_size_mb' is given twice"),
     ("expandable_segments:True,max_split_size_mb:128", "expandable_segments cannot be combined"),
 ])
 def test_a_bad_conf_string_names_the_setting(conf: str, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         AllocatorConfig.from_conf_string(conf)
+
+
+def test_max_split_size_must_be_above_the_large_buffer() -> None:
+    # torch_npu requires max_split_size_mb > kLargeBuffer (20 MiB, from the hardware data)
+    with pytest.raises(ValueError, match=r"max_split_size_bytes must be above 20.00 MiB \(max_split_size_mb > 20\)"):
+        simulator.run(lambda npu: None, allocator="max_split_size_mb:20")
 
 
 @pytest.mark.parametrize("allocator", [5, True, 1.5])

@@ -110,7 +110,8 @@ def _valid_file(result, tmp_path) -> dict:
     ("mutate", "message"),
     [
         (lambda d: "", "is empty"),
-        (lambda d: '{"schema_version": 1, "records": [', "is not valid JSON"),
+        (lambda d: '{"schema_version": 1, "records": [', "is truncated: JSON ends early"),
+        (lambda d: '{"schema_version": 1,, "records": []}', "is not valid JSON: Expecting property name"),
         (lambda d: [1, 2], "is not a JSON object"),
         (lambda d: {**d, "schema_version": 2}, "has schema_version 2; this pytest-oam reads knowledge base version 1"),
         (lambda d: {"records": d["records"]}, "has schema_version None"),

@@ -183,9 +183,9 @@ def test_it(oam_profile):
     (["--oam-tuned-limit", "FlashAttention=10"], "", "--oam-tuned-limit: limit '10' is a fraction of 10"),
     ([], "oam_tuned_limits = FlashAttention=fast", "oam_tuned_limits (ini): limit 'fast' is not a percentage"),
     (["--oam-tuned-limit", "FlashAttention=5%"], "oam_knowledge_base = typo.json",
-     "--oam-tuned-limit: the knowledge base {path}/typo.json does not exist"),
+     "--oam-tuned-limit: {path}/typo.json: does not exist (the oam_knowledge_base ini key names it"),
     (["--oam-tuned-limit", "FlashAttention=5%"], "oam_knowledge_base = corrupt.json",
-     "--oam-tuned-limit: {path}/corrupt.json: is not valid JSON"),
+     "--oam-tuned-limit: {path}/corrupt.json: is truncated: JSON ends early"),
 ])
 def test_a_bad_option_is_a_usage_error(pytester: pytest.Pytester, args, ini, message) -> None:
     (pytester.path / "corrupt.json").write_text("{")

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from ..runtime import NPU, Tensor
 from ..units import DTYPE_BYTES
 
-_MASTER_STATE_BYTES_PER_PARAM = 3 * DTYPE_BYTES["fp32"]  # fp32 master weight, m, v
+_MASTER_STATES_PER_PARAM = 3  # fp32 master weight, m, v
+_MASTER_STATE_BYTES_PER_PARAM = _MASTER_STATES_PER_PARAM * DTYPE_BYTES["fp32"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,16 @@ class ParallelLayout:
         return cls(tensor_parallel=tp, data_parallel=devices // tp)
 
 
+def _stage_params(config: LlamaConfig, layout: ParallelLayout) -> int:
+    """Parameters rank 0 holds: its stage's layers (and the embedding, plus the final norm and
+    LM head without pipelining), divided over tensor parallelism."""
+    h, v = config.hidden_size, config.vocab_size
+    per_layer = (config.param_count - 2 * v * h - h) // config.num_layers
+    layers = -(-config.num_layers // layout.pipeline_parallel)
+    params = layers * per_layer + v * h + (v * h + h if layout.pipeline_parallel == 1 else 0)
+    return -(-params // layout.tensor_parallel)
+
+
 def memory_per_card_bytes(config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int) -> int:
     """Estimated HBM bytes one card of pipeline stage 0 needs for a training step (see the
     module docstring): its 1/pp of the layers, and in 1F1B the activations of up to ``pp``
@@ -131,9 +142,7 @@ def memory_per_card_bytes(config: LlamaConfig, layout: ParallelLayout, batch_siz
     t, dp, pp = layout.tensor_parallel, layout.data_parallel, layout.pipeline_parallel
     layers = -(-config.num_layers // pp)
     h = config.hidden_size
-    per_layer = (config.param_count - 2 * config.vocab_size * h - h) / config.num_layers
-    stage_params = layers * per_layer + (2 * config.vocab_size * h + h if pp == 1 else config.vocab_size * h)
-    params = stage_params / t
+    params = _stage_params(config, layout)
     weights_and_grads = params * 2 * DTYPE_BYTES["fp16"]
     shard = dp if layout.zero_stage >= 1 else 1
     optimizer = params * _MASTER_STATE_BYTES_PER_PARAM / shard
@@ -235,21 +244,11 @@ class _Persistent:
     def __init__(self, npu: NPU, stage_params: int, dtype: str, shard: int) -> None:
         self.weights = npu.tensor((stage_params,), dtype)
         self.grad_buffer = npu.tensor((stage_params,), dtype)
-        self.optimizer_state = npu.tensor((-(-stage_params // shard) * 3,), "fp32")  # master, m, v
+        self.optimizer_state = npu.tensor((-(-stage_params // shard) * _MASTER_STATES_PER_PARAM,), "fp32")
 
 
 #: Job-long tensors of each memory-modelling card, created at its first training step.
 _PERSISTENT: weakref.WeakKeyDictionary[NPU, _Persistent] = weakref.WeakKeyDictionary()
-
-
-def _stage_params(config: LlamaConfig, layout: ParallelLayout) -> int:
-    """Parameters rank 0 holds: its stage's layers (and the embedding, plus the final norm and
-    LM head without pipelining), divided over tensor parallelism."""
-    h, v = config.hidden_size, config.vocab_size
-    per_layer = (config.param_count - 2 * v * h - h) // config.num_layers
-    layers = config.num_layers // layout.pipeline_parallel
-    params = layers * per_layer + v * h + (v * h + h if layout.pipeline_parallel == 1 else 0)
-    return -(-params // layout.tensor_parallel)
 
 
 def _one_f_one_b(npu: NPU, model: _Stage, grads: _GradReducer, layout: ParallelLayout) -> None:
