@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 
 from pytest_oam.cli import main
-from simulator.validation import evaluate, load_cases, median_abs_error_frac, report, validate
+from simulator.validation import (
+    CaseResult,
+    evaluate,
+    load_cases,
+    median_abs_error_frac,
+    report,
+    table,
+    validate,
+)
 
 CASES = load_cases()
 KNOWN_GAPS = {c.id: c.known_gap for c in CASES if c.known_gap}
@@ -48,6 +56,23 @@ def test_error_is_against_the_published_figure_even_inside_a_band() -> None:
     assert result.error_frac == pytest.approx(result.simulated / llama.published - 1)
     low, high = llama.accept_range
     assert result.passed == (low * 0.85 <= result.simulated <= high * 1.15)
+
+def test_a_band_case_says_how_far_outside_the_band_it_lies() -> None:
+    # Review finding: the Llama row passed at +21.3% (against the band's middle) under a "+-15%"
+    # tolerance that applies to the band's edges, which read as a contradiction.
+    (llama,) = [c for c in CASES if c.id == "llama2-7b-910b-x8-s4k"]
+    low, high = llama.accept_range
+    assert (low, high) == (4160, 4672)  # tokens/s/card
+    above = CaseResult(case=llama, simulated=5356.0, error_frac=5356 / llama.published - 1, passed=True)
+    assert above.outside_band_frac == pytest.approx(5356 / high - 1)  # +14.6%
+    inside = CaseResult(case=llama, simulated=4500.0, error_frac=4500 / llama.published - 1, passed=True)
+    assert inside.outside_band_frac == 0.0
+    below = CaseResult(case=llama, simulated=4000.0, error_frac=4000 / llama.published - 1, passed=True)
+    assert below.outside_band_frac == pytest.approx(4000 / low - 1)
+    text = table([above, inside, below])
+    assert "pass (14.6% above the band)" in text and "pass (3.8% below the band)" in text
+    assert "edges +-15%" in text
+
 
 def test_calibration_cases_do_not_count_towards_the_median() -> None:
     results = validate(tuple(c for c in CASES if c.id in ("vector-910a-peak", "gemm-910b2-n2048")))

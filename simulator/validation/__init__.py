@@ -68,6 +68,19 @@ class CaseResult(BaseModel):
     def is_bound(self) -> bool:
         return self.case.upper_bound is not None
 
+    @property
+    def outside_band_frac(self) -> float | None:
+        """For a case with a published band: signed distance from the band's nearer edge, as a
+        share of that edge (0 inside the band, positive above it); ``None`` without a band."""
+        if self.case.accept_range is None:
+            return None
+        low, high = self.case.accept_range
+        if self.simulated > high:
+            return (self.simulated - high) / high
+        if self.simulated < low:
+            return (self.simulated - low) / low
+        return 0.0
+
 
 @functools.cache
 def load_cases() -> tuple[Case, ...]:
@@ -250,11 +263,16 @@ def table(results: list[CaseResult], fmt: str = "simple") -> str:
         elif c.accept_range is not None:
             low, high = c.accept_range
             published = f"{_fmt(c.published, c.metric)} ({_fmt(low, c.metric)} .. {_fmt(high, c.metric)})"
-            tolerance = f"band +-{c.tolerance_frac * 100:.0f}%" if c.tolerance_frac else "in band"
+            tolerance = f"edges +-{c.tolerance_frac * 100:.0f}%" if c.tolerance_frac else "in band"
         else:
             published, tolerance = _fmt(c.published, c.metric), f"+-{c.tolerance_frac * 100:.0f}%"
         error = "-" if r.error_frac is None else f"{r.error_frac * 100:+.1f}%"
         verdict = "pass" if r.passed else ("FAIL (known gap)" if c.known_gap else "FAIL")
+        outside = r.outside_band_frac
+        if outside:
+            # The error column is against the band's middle; say where the band's edge is too, so
+            # that a pass at +21% against the middle reads as what it is.
+            verdict += f" ({abs(outside) * 100:.1f}% {'above' if outside > 0 else 'below'} the band)"
         if c.role == "calibration":
             verdict += " (calibration)"
         rows.append((c.id, c.hardware, published, _fmt(r.simulated, c.metric), error, tolerance, verdict))
