@@ -66,3 +66,38 @@ def load_dataset(name: str) -> LengthDistribution:
         return DATASETS[name]
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(DATASETS))}") from None
+
+
+def sequence_length_warmup(
+    steps: int, max_tokens: int, warmup_steps: int, *, start_tokens: int = 64, step_tokens: int = 8, first_step: int = 0
+) -> list[int]:
+    """Sequence lengths under sequence-length warmup, a curriculum that trains on truncated
+    sequences first and lengthens them step by step.
+
+    DeepSpeed's ``seqlen`` curriculum with its ``fixed_linear`` schedule: at step ``k`` the
+    length is ``start + (max - start) * k / warmup_steps``, rounded down to a multiple of
+    ``step_tokens`` (DeepSpeed's ``difficulty_step``, 8 in its examples) and ``max_tokens`` from
+    ``warmup_steps`` on. Sources: Li, Zhang and He, "The Stability-Efficiency Dilemma:
+    Investigating Sequence Length Warmup for Training GPT Models" (NeurIPS 2022,
+    arXiv:2108.06084); DeepSpeed's curriculum-learning tutorial (deepspeed.ai/tutorials/
+    curriculum-learning). ``start_tokens`` = 64 and the warmup length are the caller's choice.
+
+    Args:
+        steps: number of steps to return, starting at ``first_step`` of the schedule.
+
+    Raises:
+        ValueError: ``steps`` or ``warmup_steps`` < 1, ``first_step`` < 0, or ``start_tokens`` /
+            ``max_tokens`` not positive multiples of ``step_tokens`` with start <= max.
+    """
+    if steps < 1 or warmup_steps < 1 or first_step < 0:
+        raise ValueError(f"steps and warmup_steps must be >= 1 and first_step >= 0, got steps={steps}, "
+                         f"warmup_steps={warmup_steps}, first_step={first_step}")
+    if step_tokens < 1 or start_tokens < step_tokens or start_tokens % step_tokens or max_tokens % step_tokens \
+            or max_tokens < start_tokens:
+        raise ValueError(f"start_tokens ({start_tokens}) and max_tokens ({max_tokens}) must be positive multiples "
+                         f"of step_tokens ({step_tokens}), start <= max")
+    out = []
+    for k in range(first_step, first_step + steps):
+        length = start_tokens + (max_tokens - start_tokens) * min(k, warmup_steps) // warmup_steps
+        out.append(length // step_tokens * step_tokens)
+    return out
