@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=0, help="sequence-length warmup over this many steps "
                         "(0: wikitext-103 lengths, padded to 128)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prealloc-gib", type=float, default=0.0, help="pre-allocate a pool after the persistent "
+                        "tensors: allocate one block of this size and free it (the torch.empty(n); del idiom)")
     parser.add_argument("--allocator", default="", help="PYTORCH_NPU_ALLOC_CONF string (default: torch_npu's)")
     args = parser.parse_args()
     if args.warmup_steps:
@@ -60,6 +62,8 @@ def main() -> None:
         persistent += [alloc(layer_params * BF16 // 3) for _ in range(3)]  # weights, three tensors
         persistent.append(alloc(layer_params * BF16))  # gradient buffer
         persistent.append(alloc(layer_params * 3 * FP32 // 2))  # master weight, m, v over dp 2
+    if args.prealloc_gib:
+        allocator.free(alloc(args.prealloc_gib * GiB))
     flushes, retries = [], 0
     for step, s in enumerate(lengths):
         x = alloc(s * HIDDEN * BF16)

@@ -79,6 +79,9 @@ class RunBaseline(BaseModel):
     memory_reserved_peak_bytes: int | None = Field(default=None, ge=0, description="Runs with memory=True")
     memory_allocated_peak_bytes: int | None = Field(default=None, ge=0)
     alloc_time_s: NonNegativeFloat | None = Field(default=None, description="Allocator time per step, median")
+    alloc_retries_per_step: NonNegativeFloat | None = Field(
+        default=None, description="Allocations that flushed the cache (synchronise, free every unsplit cached "
+        "segment) and retried, per step: mean over the steps (torch num_alloc_retries)")
     ops: dict[OpType, OpStats] = Field(min_length=1)
 
 

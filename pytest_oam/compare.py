@@ -123,6 +123,8 @@ def summarize(profile: Profile) -> RunBaseline:
         memory_reserved_peak_bytes=max((m.reserved_peak_bytes for m in profile.memory), default=None),
         memory_allocated_peak_bytes=max((m.allocated_peak_bytes for m in profile.memory), default=None),
         alloc_time_s=statistics.median(m.alloc_time_s for m in profile.memory) if profile.memory else None,
+        # A mean, not a median: flushes that recur every few hundred steps are what it must see.
+        alloc_retries_per_step=statistics.fmean(m.alloc_retries for m in profile.memory) if profile.memory else None,
         tokens_per_step=profile.tokens_per_step,
         ops=ops,
     )
@@ -143,7 +145,7 @@ class Verdict:
     limit_source: str
     status: str
     statistic: str = "median"  # which per-step statistic decided: median, mean over all steps, or p99
-    unit: str = "s"  # of baseline_s and current_s: "s", or "bytes" for the memory rows
+    unit: str = "s"  # of baseline_s and current_s: "s", or "bytes" / "count" (per step) for the memory rows
 
 
 @dataclass(frozen=True)
@@ -232,10 +234,17 @@ def _memory_verdicts(baseline: RunBaseline, current: RunBaseline, resolver: Limi
         "memory.reserved_peak": (baseline.memory_reserved_peak_bytes, current.memory_reserved_peak_bytes, "bytes"),
         "memory.allocated_peak": (baseline.memory_allocated_peak_bytes, current.memory_allocated_peak_bytes, "bytes"),
         "alloc_time": (baseline.alloc_time_s, current.alloc_time_s, "s"),
+        "alloc_retries": (baseline.alloc_retries_per_step, current.alloc_retries_per_step, "count"),
     }
     out = []
     for row in MEMORY_ROWS:
         b, c, unit = pairs[row]
+        if row == "alloc_retries" and b == 0 and c:
+            # The baseline never flushed the cache: any flush is a new device synchronisation
+            # and a burst of aclrtFree / aclrtMalloc calls, whatever its estimated cost.
+            limit = resolver.resolve(row)
+            out.append(Verdict(row, 0.0, float(c), None, limit.frac, limit.source, "regressed", "mean", unit))
+            continue
         if b is None or b <= 0:
             continue
         if c is None:  # the baseline tracked memory, this run did not: not silently ungated
@@ -243,7 +252,7 @@ def _memory_verdicts(baseline: RunBaseline, current: RunBaseline, resolver: Limi
             out.append(Verdict(row, float(b), None, None, limit.frac, limit.source, "missing", unit=unit))
             continue
         v = _verdict(row, (float(b), float(b), None), (float(c), float(c), None), resolver)
-        out.append(dataclasses.replace(v, unit=unit))
+        out.append(dataclasses.replace(v, unit=unit, statistic="mean" if unit == "count" else v.statistic))
     return out
 
 

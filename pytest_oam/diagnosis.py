@@ -103,8 +103,15 @@ def _advice(
 
 
 def _memory_finding(v) -> Finding:
-    """A regression of peak device memory or of allocator time."""
-    if v.unit == "bytes":
+    """A regression of peak device memory, of allocator time or of cache flushes."""
+    if v.unit == "count":
+        what = (f"the caching allocator flushed its cache and retried {v.baseline_s * 1000:.3g} -> "
+                f"{v.current_s * 1000:.3g} times per 1,000 steps (each flush synchronises the device and frees "
+                "every unsplit cached segment, then the next allocations call aclrtMalloc again)")
+        tip = ("the cache fragments until a new segment no longer fits: sizes that change from step to step leave "
+               "cached blocks no later tensor fits; pre-allocate a pool for those tensors, use expandable_segments, "
+               "or pad sizes to a few buckets (the frequent-alloc finding names the steps)")
+    elif v.unit == "bytes":
         what = (f"peak {v.op_type.split('.')[1].replace('_peak', '')} memory grew {v.change_frac * 100:+.1f}% "
                 f"({v.baseline_s / 2**20:,.1f} -> {v.current_s / 2**20:,.1f} MiB)")
         tip = ("find the tensors that live longer or grew (activations kept across steps, a cache that is never "
@@ -145,7 +152,7 @@ def diagnose(
     for v in comparison.verdicts:
         if v.status != "regressed" or v.baseline_s is None or v.current_s is None or v.op_type == "step":
             continue
-        if v.unit == "bytes" or v.op_type == "alloc_time":
+        if v.unit in ("bytes", "count") or v.op_type == "alloc_time":
             findings.append(_memory_finding(v))
             continue
         delta = v.current_s - v.baseline_s

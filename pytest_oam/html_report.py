@@ -37,6 +37,7 @@ from .report import (
     fmt_frac,
     fmt_rate,
     fmt_time,
+    fmt_value,
     time_unit,
 )
 from .thresholds import MEMORY_ROWS, STEP_ROW
@@ -361,15 +362,12 @@ def summary_html(report: OamReport) -> str:
 
 def verdict_html(verdicts: Sequence[VerdictReport]) -> str:
     """The verdict table: op type, baseline, current, change, limit (and its source), verdict."""
-    def shown(value: float | None, unit: str) -> str:
-        return fmt_bytes(value) if unit == "bytes" else fmt_time(value)
-
     rows = []
     for v in verdicts:
         label = v.status.upper() if v.status == "regressed" else v.status
         if v.status == "regressed" and v.statistic != "median":
             label += f" ({v.statistic})"
-        rows.append((v.status, (_e(v.op_type), shown(v.baseline_s, v.unit), shown(v.current_s, v.unit),
+        rows.append((v.status, (_e(v.op_type), fmt_value(v.baseline_s, v.unit), fmt_value(v.current_s, v.unit),
                                 fmt_frac(v.change_frac, True), fmt_frac(v.limit_frac), _e(v.limit_source), _e(label))))
     return _table(("op type", "baseline", "current", "change", "limit", "limit from", "verdict"), rows,
                   numeric=(1, 2, 3, 4))

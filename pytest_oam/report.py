@@ -42,7 +42,8 @@ class VerdictReport(BaseModel):
     limit_source: str
     status: Literal["pass", "regressed", "improved", "new", "missing", "insignificant", "not-significant"]
     statistic: Literal["median", "mean", "p99"] = Field(description="The per-step statistic that decided")
-    unit: Literal["s", "bytes"] = Field(default="s", description="Unit of baseline_s and current_s")
+    unit: Literal["s", "bytes", "count"] = Field(
+        default="s", description="Unit of baseline_s and current_s ('count': events per step, e.g. alloc_retries)")
 
 
 class FindingReport(BaseModel):
@@ -194,13 +195,20 @@ def _verdict_label(status: str, statistic: str) -> str:
     )
 
 
+def fmt_value(value: float | None, unit: str) -> str:
+    """A verdict's baseline or current value in its unit: seconds, bytes, or a count per step
+    (shown per 1,000 steps, since the counted events are rare)."""
+    if unit == "bytes":
+        return fmt_bytes(value)
+    if unit == "count":
+        return "-" if value is None else f"{value * 1000:.3g} per 1,000 steps"
+    return fmt_time(value)
+
+
 def verdict_table(verdicts: Sequence[Verdict | VerdictReport], fmt: str = "simple") -> str:
     """The table of verdicts: op type, baseline, current, change, limit, verdict."""
-    def shown(value, unit):
-        return fmt_bytes(value) if unit == "bytes" else fmt_time(value)
-
     rows = [
-        (v.op_type, shown(v.baseline_s, v.unit), shown(v.current_s, v.unit), fmt_frac(v.change_frac, True),
+        (v.op_type, fmt_value(v.baseline_s, v.unit), fmt_value(v.current_s, v.unit), fmt_frac(v.change_frac, True),
          fmt_frac(v.limit_frac), _verdict_label(v.status, v.statistic))
         for v in verdicts
     ]

@@ -880,8 +880,11 @@ class OamSession:
             if t.status == "regressed":
                 worst = [v for v in t.verdicts if v.status == "regressed"]
                 runs = " in run {}" if len(t.runs) > 1 else ""
-                detail = ", ".join(f"{v.op_type}{runs.format(v.run + 1)} {v.change_frac * 100:+.1f}% "
-                                   f"(limit {v.limit_frac * 100:.1f}%)" for v in worst)
+                detail = ", ".join(
+                    f"{v.op_type}{runs.format(v.run + 1)} "
+                    # no percentage from a baseline of zero (alloc_retries): the row is new
+                    + ("new" if v.change_frac is None else f"{v.change_frac * 100:+.1f}%")
+                    + f" (limit {v.limit_frac * 100:.1f}%)" for v in worst)
                 tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
             elif t.status not in ("pass", "not-gated") or t.message:
                 color = {"red": True, "bold": True} if t.failed else {"yellow": True}

@@ -21,8 +21,9 @@ DEFAULT_THRESHOLDS: dict[str, float] = {"FlashAttention*": 0.02, "memory.*": 0.0
 #: The row that compares whole-step time; thresholds may name it like an op type.
 STEP_ROW = "step"
 #: Rows compared for runs that tracked device memory (``memory=True``): peak reserved and
-#: allocated bytes (limit ``memory.*``) and allocator time per step (limit ``*``).
-MEMORY_ROWS = ("memory.reserved_peak", "memory.allocated_peak", "alloc_time")
+#: allocated bytes (limit ``memory.*``), allocator time per step and allocations that flushed
+#: the cache and retried, per step (limit ``*``; from none in the baseline, any is a regression).
+MEMORY_ROWS = ("memory.reserved_peak", "memory.allocated_peak", "alloc_time", "alloc_retries")
 
 
 class ThresholdError(ValueError):
