@@ -347,6 +347,24 @@ def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
             yield found
 
 
+def _stall_evidence(ctx: RuleContext, op: OpRecord) -> str:
+    """What the flush did to the op that waited for it, against the same call in the other
+    warm steps: its time and, on the compute stream, its DMA/compute overlap."""
+    others = [o for o in ctx.profile.ops
+              if o.name == op.name and o.step in ctx.warm_steps and not o.alloc_retries]
+    text = (f"in step {op.step} {op.name} ({op.op_type}) waited {op.alloc_stall_s * 1e3:.2f} ms for it "
+            f"({op.device_frees} device {'free' if op.device_frees == 1 else 'frees'}, {op.device_mallocs} device "
+            f"{'malloc' if op.device_mallocs == 1 else 'mallocs'})")
+    if others:
+        text += (f" and took {op.duration_s * 1e3:.2f} ms against "
+                 f"{statistics.median(o.duration_s for o in others) * 1e3:.2f} ms in the other steps")
+        normal = [o.overlap_frac for o in others if o.overlap_frac is not None]
+        if op.overlap_frac is not None and normal:
+            text += (f"; its DMA/compute overlap fell from {statistics.median(normal) * 100:.0f}% to "
+                     f"{op.overlap_frac * 100:.0f}%")
+    return text
+
+
 @rule("frequent-alloc", "Frequent allocation and free, allocation retries", alloc_time_s=10e-3,
       needs_hardware=False)
 def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
@@ -372,6 +390,8 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
         if len(retry_steps) > 1:
             period = f", about every {statistics.median(b - a for a, b in itertools.pairwise(retry_steps)):g} steps"
         evidence.append(f"allocations flushed the cache and retried in {_steps_text(retry_steps)}{period}")
+    if worst_op is not None:
+        evidence.append(_stall_evidence(ctx, worst_op))
     evidence.append(f"peak reserved {max(m.reserved_peak_bytes for m in memory) / 2**30:.2f} GiB, up to "
                     f"{max(m.inactive_split_bytes for m in memory) / 2**20:.0f} MiB free inside split blocks")
     severity = grade(gain, ctx.step_time_s) or ("warning" if retry_steps else None)

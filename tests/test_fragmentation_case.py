@@ -63,7 +63,9 @@ def test_taking_the_pool_away_fails_the_gate_and_names_the_flushes(pytester) -> 
     result.stdout.fnmatch_lines([
         "*alloc_retries*0 per 1,000 steps*5 per 1,000 steps*REGRESSED (mean over steps)*",
         "*flushed its cache and retried 0 -> 5 times per 1,000 steps*",
-        "*frequent-alloc*allocations flushed the cache and retried in steps 64, 182, about every 118 steps*",
+        ("*frequent-alloc*allocations flushed the cache and retried in steps 64, 182, about every 118 steps; "
+         "in step 64 layers.6.mlp.act (SiLU) waited 2.02 ms for it (38 device frees, 1 device malloc) and took "
+         "2.34 ms against 0.32 ms in the other steps; its DMA/compute overlap fell from *% to 10%*"),
         "*pre-allocate a pool*expandable_segments*",
     ])
     report = json.loads((pytester.path / "r.json").read_text())
