@@ -34,6 +34,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "flop_per_s": ("maximize", "FLOP per second of the operator (or the step)"),
     "peak_memory_bytes": ("minimize", "peak reserved HBM of the caching allocator"),
 }
+#: Metrics that are never zero: a measured time is positive (a zero time is an infeasible trial),
+#: and so is throughput (tokens over that time). The others are never negative.
+_POSITIVE_METRICS = frozenset({"latency_ms", "throughput_tokens_per_s"})
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _CONDITION = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
@@ -48,7 +51,8 @@ class OptimizationTarget:
     subject to ``constraint`` (``"latency_ms < 50"``, several joined with ``and``).
 
     Raises:
-        TuneError: an unknown metric or a constraint that does not parse.
+        TuneError: an unknown metric, a constraint that does not parse, or one that can never
+            hold (``latency_ms < 0``: no metric is negative).
     """
 
     operator: str | None = None
@@ -88,6 +92,10 @@ class OptimizationTarget:
                 value = float(bound)
             except ValueError:
                 raise TuneError(f"constraint {self.constraint!r}: {bound!r} is not a number") from None
+            positive = name in _POSITIVE_METRICS
+            if (op == "<" and value <= 0) or (op == "<=" and (value < 0 or (value == 0 and positive))):
+                kind = "positive" if positive else "never negative"
+                raise TuneError(f"constraint {self.constraint!r}: {part.strip()!r} can never hold: {name} is {kind}")
             out.append((name, op, value))
         return out
 
