@@ -249,6 +249,12 @@ print(r.unique_evaluations)
         (lambda: OptimizationTarget(constraint=50), "constraint must be text such as 'latency_ms < 50', got 50"),
         (lambda: OptimizationTarget(constraint="latency_ms < 5 and"), "is not METRIC < NUMBER"),
         (lambda: OptimizationTarget(constraint="latency_ms < 1e"), "'1e' is not a number"),
+        (lambda: OptimizationTarget(constraint="peak_memory_bytes <= -1"),
+         "'peak_memory_bytes <= -1' can never hold: peak_memory_bytes is never negative"),
+        (lambda: OptimizationTarget(constraint="latency_ms < 0"), "'latency_ms < 0' can never hold: latency_ms is positive"),
+        (lambda: OptimizationTarget(constraint="latency_ms < 50 and throughput_tokens_per_s <= 0"),
+         "'throughput_tokens_per_s <= 0' can never hold: throughput_tokens_per_s is positive"),
+        (lambda: OptimizationTarget(constraint="flop_per_s < -0.5"), "'flop_per_s < -0.5' can never hold"),
         (lambda: OptimizationTarget(operator=""), "operator must be an op type"),
         (lambda: OptimizationTarget(metric=["latency_ms"]), "metric must be a name"),
         (lambda: auto_tune(target=TARGET, param_space=issue_space(), workload="attention"),
@@ -284,6 +290,14 @@ def test_more_bad_input_before_any_evaluation(make, message, monkeypatch) -> Non
     monkeypatch.setattr(tune, "_measure", no_evaluation)
     with pytest.raises(TuneError, match=message):
         make()
+
+
+def test_constraints_at_a_metric_s_floor_that_can_hold_are_accepted() -> None:
+    # an op without FLOP runs at 0 FLOP/s, and peak memory can be zero; only a time and a
+    # throughput are always positive
+    target = OptimizationTarget(constraint="flop_per_s <= 0 and peak_memory_bytes <= 0 and latency_ms > 0")
+    assert target.conditions() == [("flop_per_s", "<=", 0.0), ("peak_memory_bytes", "<=", 0.0),
+                                   ("latency_ms", ">", 0.0)]
 
 
 def test_random_and_tpe_options_search_within_the_budget() -> None:
