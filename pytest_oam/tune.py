@@ -726,7 +726,10 @@ def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
     workload = getattr(module, function_name, None)
     if not callable(workload):
         raise TuneError(f"{path}: {module_name} has no function {function_name!r}")
-    target = OptimizationTarget(operator=job.operator, metric=job.metric, constraint=job.constraint)
+    try:
+        target = OptimizationTarget(operator=job.operator, metric=job.metric, constraint=job.constraint)
+    except TuneError as exc:  # a bad metric or constraint, named with the file like every job error
+        raise TuneError(f"{path}: {exc}") from None
     options = {k: getattr(job, k) for k in ("max_iterations", "early_stopping", "patience", "seed", "hardware",
                                             "devices", "steps", "storage", "study_name", "sampler",
                                             "sampler_options")}

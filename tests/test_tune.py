@@ -204,6 +204,10 @@ def test_oam_tune_runs_a_job_file(tmp_path, capsys) -> None:
         ('workload = "attn_job:missing"\nspace = {x = [1]}\n', "job.toml", "attn_job has no function 'missing'"),
         ('workload = "attn_job:attention"\nspace = {x = [1]', "job.toml", "is not valid TOML"),
         ('{"workload": 1}', "job.json", "workload: Input should be a valid string"),
+        # review finding: a bad metric or constraint did not name the job file
+        ('workload = "attn_job:attention"\nspace = {x = [1]}\nconstraint = "latency_ms < 0"\n', "job.toml",
+         "'latency_ms < 0' can never hold"),
+        ('workload = "attn_job:attention"\nspace = {x = [1]}\nmetric = "speed"\n', "job.toml", "speed"),
     ],
 )
 def test_bad_job_files_are_named(tmp_path, capsys, content, name, message) -> None:
