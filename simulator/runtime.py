@@ -26,7 +26,7 @@ from . import numerics
 from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
 from .costs import OpCost, OpSpec, conv_output_hw, op_cost
 from .hardware import HardwareSpec, load_hardware
-from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory
+from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory, build_record
 from .units import DTYPE_BYTES
 
 _RUNTIME_FILE = os.path.normcase(os.path.abspath(__file__))
@@ -169,47 +169,50 @@ def _make_record(
     )
     comm = None
     if cost.comm is not None:
-        comm = CommInfo.model_construct(
-            bytes=cost.comm.bytes,
-            algorithm=cost.comm.algorithm,
-            group_size=cost.comm.group_size,
-            algbw_bytes_per_s=cost.comm.algbw_bytes_per_s,
-            busbw_bytes_per_s=cost.comm.busbw_bytes_per_s,
-            ranks=list(spec.attr("ranks", ())),
-        )
-    return OpRecord.model_construct(
-        op_type=spec.op_type,
-        name=name,
-        step=step,
-        stream=stream,
-        start_s=start_s,
-        duration_s=duration_s,
-        flop=cost.flop,
-        hbm_bytes=cost.hbm_bytes,
-        l2_bytes=cost.l2_bytes,
-        block_dim=cost.block_dim,
-        dma_count=cost.dma_count,
-        ai_core_util_frac=cost.ai_core_util_frac / scale,
-        hbm_bandwidth_util_frac=hbm_util,
-        mac_ratio=cost.mac_ratio / scale,
-        vec_ratio=cost.vec_ratio / scale,
-        mte2_ratio=cost.mte2_ratio / scale,
-        input_shapes=[list(shape) for shape in spec.shapes],
-        dtype=spec.dtype,
-        attrs={**{k: v for k, v in spec.attrs if isinstance(v, (bool, int, float, str))},
-               **({"wait_time_s": wait_s} if wait_s else {})},
-        source=source,
-        comm=comm,
-        alloc_stall_s=stall_s,
-        alloc_count=alloc_count,
-        alloc_retries=alloc_retries,
-        device_frees=device_frees,
-        device_mallocs=device_mallocs,
-        overlapped_s=cost.overlapped_s * scale,
-        overlappable_s=cost.overlappable_s * scale,
-        overlap_frac=_overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if stream == "compute" else None,
-        checks=checks,
-    )
+        comm = build_record(CommInfo, {
+            "bytes": cost.comm.bytes,
+            "algorithm": cost.comm.algorithm,
+            "group_size": cost.comm.group_size,
+            "algbw_bytes_per_s": cost.comm.algbw_bytes_per_s,
+            "busbw_bytes_per_s": cost.comm.busbw_bytes_per_s,
+            "ranks": list(spec.attr("ranks", ())),
+        })
+    attrs = {k: v for k, v in spec.attrs if isinstance(v, (bool, int, float, str))}
+    if wait_s:
+        attrs["wait_time_s"] = wait_s
+    compute = stream == "compute"
+    return build_record(OpRecord, {  # every field, in OpRecord's order
+        "op_type": spec.op_type,
+        "name": name,
+        "step": step,
+        "stream": stream,
+        "start_s": start_s,
+        "duration_s": duration_s,
+        "flop": cost.flop,
+        "hbm_bytes": cost.hbm_bytes,
+        "l2_bytes": cost.l2_bytes,
+        "block_dim": cost.block_dim,
+        "dma_count": cost.dma_count,
+        "ai_core_util_frac": cost.ai_core_util_frac / scale,
+        "hbm_bandwidth_util_frac": hbm_util,
+        "mac_ratio": cost.mac_ratio / scale,
+        "vec_ratio": cost.vec_ratio / scale,
+        "mte2_ratio": cost.mte2_ratio / scale,
+        "input_shapes": [list(shape) for shape in spec.shapes],
+        "dtype": spec.dtype,
+        "attrs": attrs,
+        "source": source,
+        "comm": comm,
+        "alloc_stall_s": stall_s,
+        "alloc_count": alloc_count,
+        "alloc_retries": alloc_retries,
+        "device_mallocs": device_mallocs,
+        "device_frees": device_frees,
+        "overlapped_s": cost.overlapped_s * scale,
+        "overlappable_s": cost.overlappable_s * scale,
+        "overlap_frac": _overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if compute else None,
+        "checks": checks,
+    })
 
 
 def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[str, float] | None = None) -> Profile:
@@ -684,13 +687,14 @@ class NPU:
 
     def _note_memory(self, event: MemoryEvent) -> None:
         self._step_memory.add(event)
-        self._memory_events.append(MemoryRecord.model_construct(
-            step=self._step, time_s=self._clock_s, action=event.action, requested_bytes=event.requested_bytes,
-            block_bytes=event.block_bytes, address=event.address, pool=event.pool, stream=event.stream,
-            latency_s=event.latency_s, device_mallocs=event.device_mallocs, device_frees=event.device_frees,
-            alloc_retried=event.alloc_retried, allocated_bytes=event.allocated_bytes,
-            reserved_bytes=event.reserved_bytes,
-        ))
+        self._memory_events.append(build_record(MemoryRecord, {  # every field, in MemoryRecord's order
+            "step": self._step, "time_s": self._clock_s, "action": event.action,
+            "requested_bytes": event.requested_bytes, "block_bytes": event.block_bytes, "address": event.address,
+            "pool": event.pool, "stream": event.stream, "latency_s": event.latency_s,
+            "device_mallocs": event.device_mallocs, "device_frees": event.device_frees,
+            "alloc_retried": event.alloc_retried, "allocated_bytes": event.allocated_bytes,
+            "reserved_bytes": event.reserved_bytes,
+        }))
 
     def _out(self, shape: Sequence[int], dtype: str, values: numerics.Values | None = None) -> Tensor:
         """An op's output tensor, allocated (and its stall charged to the op just emitted), with

@@ -287,3 +287,22 @@ def test_the_out_of_memory_advice_fits_the_allocator_settings() -> None:
         with pytest.raises(OutOfMemoryError) as info:
             simulator.run(work, allocator=conf or None, memory=True)
         assert ("try setting max_split_size_mb" in str(info.value)) == advised
+
+
+def test_records_hold_every_field_in_the_models_order() -> None:
+    """The runtime builds its records without ``model_construct`` (``profile.build_record``):
+    each must hold every field of its model, in the declared order (``to_json`` writes keys in
+    it), all marked as set, and valid; a field added to a record model but not where the
+    runtime builds it fails here."""
+    def work(npu):
+        x = npu.tensor((1024, 1024))
+        npu.all_reduce(npu.add(x, x))
+
+    profile = simulator.run(work, devices=2, steps=2, memory=True)
+    records = [*profile.ops, *profile.memory, *profile.memory_events, *(op.comm for op in profile.ops if op.comm)]
+    assert {type(r).__name__ for r in records} == {"OpRecord", "StepMemory", "MemoryRecord", "CommInfo"}
+    for record in records:
+        fields = list(type(record).model_fields)
+        assert list(record.__dict__) == fields
+        assert record.model_fields_set == set(fields)
+        assert type(record).model_validate(record.model_dump()) == record
