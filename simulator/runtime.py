@@ -9,6 +9,7 @@ with :meth:`NPU.from_numpy`: those carry data, and operators on them compute the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import numbers
@@ -394,7 +395,11 @@ class NPU:
         self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
         self._step_memory = _StepMemoryTally()
         self._memory_steps: list[StepMemory] = []
-        self._finalizers: dict[int, weakref.finalize] = {}
+        #: For each live tensor holding memory (by id): a weak reference whose callback gives
+        #: the memory back when the tensor goes. Held here, not in weakref.finalize's registry,
+        #: whose strong references to this NPU kept every memory-modelling NPU alive as long as
+        #: one of its tensors was (the job-long tensors of simulator.models: for ever).
+        self._finalizers: dict[int, weakref.ref] = {}
         self._communicators: set[frozenset[int]] = set()  # HCCL groups used so far
         self._memory_events: list[MemoryRecord] = []
         #: For each view: the tensor that owns its allocation, and the view's offset in it.
@@ -634,7 +639,11 @@ class NPU:
         after free)."""
         finalizer = self._finalizers.pop(id(tensor), None)
         if finalizer is not None:
-            finalizer()
+            release = finalizer.__callback__
+            # dropped first: a temporary argument dies as this method returns, and its weak
+            # reference must not give the memory back a second time
+            del finalizer
+            release(None)
             tensor.__dict__["_freed"] = True  # a later op that reads or writes it is a use after free
 
     # -- memory --------------------------------------------------------------------------------
@@ -647,7 +656,8 @@ class NPU:
             return tensor
         handle, event = self.allocator.alloc(tensor.nbytes)
         self._note_memory(event)
-        self._finalizers[id(tensor)] = weakref.finalize(tensor, self._release, handle, id(tensor))
+        key = id(tensor)
+        self._finalizers[key] = weakref.ref(tensor, functools.partial(self._release, handle, key))
         device_visible = event.device_mallocs or event.device_frees or event.synchronizations or event.alloc_retried
         stall = event.latency_s if device_visible else 0.0
         if not device_visible:
@@ -681,7 +691,7 @@ class NPU:
             self._pending_device_mallocs += event.device_mallocs
         return tensor
 
-    def _release(self, handle: Allocation, key: int) -> None:
+    def _release(self, handle: Allocation, key: int, _ref: weakref.ref | None = None) -> None:
         self._finalizers.pop(key, None)
         self._note_memory(self.allocator.free(handle))
 
