@@ -62,7 +62,7 @@ import math
 import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
@@ -71,6 +71,8 @@ from .units import GiB, KiB, MiB
 
 #: First simulated device address. Arbitrary: only distinct, aligned addresses matter.
 _DEVICE_ADDRESS_BASE = 0x1000_0000_0000
+
+_Frozen = TypeVar("_Frozen")
 
 _STAT_TYPES = ("all", "small_pool", "large_pool")
 _STAT_NAMES = (
@@ -176,7 +178,7 @@ class AllocatorConfig(BaseModel):
                 from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Allocation:
     """A live allocation, the handle :meth:`NpuCachingAllocator.free` takes back.
 
@@ -192,7 +194,7 @@ class Allocation:
     pool: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class MemoryEvent:
     """What one allocator call did and the host time it took.
 
@@ -336,6 +338,16 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _from_fields(cls: type[_Frozen], fields: dict[str, object]) -> _Frozen:
+    """An instance of the frozen dataclass ``cls`` (:class:`Allocation`, :class:`MemoryEvent`:
+    no slots for this reason) with every field in ``fields``, written straight into its
+    ``__dict__``: the generated ``__init__`` of a frozen dataclass pays one ``object.__setattr__``
+    per field, and every allocator call makes one or two of them."""
+    instance = object.__new__(cls)
+    instance.__dict__.update(fields)
+    return instance
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -386,6 +398,9 @@ class _BlockPool:
     private: bool = False
     blocks: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.size, b.address)))
     unmapped: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.address)))
+    #: For each statistic, the counters a change in this pool moves: ``all`` and the pool's own
+    #: type (a reserved pool counts under ``all`` only). Filled by the allocator.
+    stats: dict[str, tuple[_Stat, ...]] = field(default_factory=dict)
 
 
 @dataclass(eq=False, slots=True)
@@ -518,8 +533,10 @@ class NpuCachingAllocator:
             and self._config.garbage_collection_threshold_frac is not None
         )
         self._device = device
-        self._small = _BlockPool("small", is_small=True)
-        self._large = _BlockPool("large", is_small=False)
+        self._stats = {name: {t: _Stat() for t in _STAT_TYPES} for name in _STAT_NAMES}
+        self._all_allocated_bytes = self._stats["allocated_bytes"]["all"]
+        self._small = self._new_pool("small", is_small=True)
+        self._large = self._new_pool("large", is_small=False)
         self._reserved_pools: dict[str, _ReservedPool] = {}
         self._live: dict[int, _Block] = {}
         self._segments: list[_Segment] = []
@@ -527,7 +544,6 @@ class NpuCachingAllocator:
         self._external_bytes = 0  # HBM other libraries took (take_device_memory)
         self._next_address = _DEVICE_ADDRESS_BASE
         self._ids = itertools.count(1)
-        self._stats = {name: {t: _Stat() for t in _STAT_TYPES} for name in _STAT_NAMES}
         self._oversize_allocations = _Stat()
         self._oversize_segments = _Stat()
         self._num_alloc_retries = 0
@@ -560,7 +576,7 @@ class NpuCachingAllocator:
             OutOfMemoryError: no cached block fits and the device cannot hold a new segment
                 even after the cache is freed (or the reserved pool has no room).
         """
-        if not _is_int(size_bytes) or size_bytes < 0:
+        if (type(size_bytes) is not int and not _is_int(size_bytes)) or size_bytes < 0:
             raise ValueError(f"size_bytes must be a non-negative integer, got {size_bytes!r}")
         size_bytes = int(size_bytes)
         if pool is not None and pool not in self._reserved_pools:
@@ -589,9 +605,9 @@ class NpuCachingAllocator:
         del self._live[allocation.address]
         tally = _Tally(latency_s=self._spec.cached_free_latency_s)
         block.allocated = False
-        types = self._stat_types(block.pool)
-        self._update("allocation", types, -1)
-        self._update("allocated_bytes", types, -block.size)
+        stats = block.pool.stats
+        self._update("allocation", stats, -1)
+        self._update("allocated_bytes", stats, -block.size)
         if block.size >= self._max_split:
             self._oversize_allocations.update(-1)
         if block.pool.private:
@@ -664,7 +680,7 @@ class NpuCachingAllocator:
         if not _is_int(size_bytes) or size_bytes <= 0:
             raise ValueError(f"size_bytes must be a positive integer, got {size_bytes!r}")
         region_bytes = _round_up(size_bytes, self._spec.round_large_bytes)
-        block_pool = _BlockPool(name, is_small=False, private=True)
+        block_pool = self._new_pool(name, is_small=False, private=True)
         tally = _Tally()
         block = self._alloc_segment(block_pool, stream, region_bytes, tally)
         if block is None:
@@ -918,7 +934,7 @@ class NpuCachingAllocator:
     def _alloc_found_block(self, block: _Block, size: int, orig_size: int, split: bool) -> Allocation:
         """torch_npu ``alloc_found_block``: split off the remainder, mark the block allocated."""
         pool = block.pool
-        types = self._stat_types(pool)
+        stats = pool.stats
         expandable = block.segment.expandable
         already_split = block.is_split
         if split:
@@ -929,28 +945,29 @@ class NpuCachingAllocator:
             remaining.size -= size
             pool.blocks.add(remaining)
             if already_split and not expandable:
-                self._update("inactive_split_bytes", types, -block.size)
+                self._update("inactive_split_bytes", stats, -block.size)
             elif not expandable:
-                self._update("inactive_split_bytes", types, remaining.size)
-                self._update("inactive_split", types, 1)
+                self._update("inactive_split_bytes", stats, remaining.size)
+                self._update("inactive_split", stats, 1)
         elif already_split and not expandable:
-            self._update("inactive_split_bytes", types, -block.size)
-            self._update("inactive_split", types, -1)
+            self._update("inactive_split_bytes", stats, -block.size)
+            self._update("inactive_split", stats, -1)
 
         block.allocated = True
         block.requested_bytes = orig_size
         block.allocation_id = next(self._ids)
         self._live[block.address] = block
-        self._update("allocation", types, 1)
-        self._update("allocated_bytes", types, block.size)
-        self._update("active", types, 1)
-        self._update("active_bytes", types, block.size)
-        self._update("requested_bytes", types, orig_size)
+        self._update("allocation", stats, 1)
+        self._update("allocated_bytes", stats, block.size)
+        self._update("active", stats, 1)
+        self._update("active_bytes", stats, block.size)
+        self._update("requested_bytes", stats, orig_size)
         if block.size >= self._max_split:
             self._oversize_allocations.update(1)
-        return Allocation(
-            block.allocation_id, block.address, block.size, orig_size, block.stream, pool.name
-        )
+        return _from_fields(Allocation, {
+            "allocation_id": block.allocation_id, "address": block.address, "size_bytes": block.size,
+            "requested_bytes": orig_size, "stream": block.stream, "pool": pool.name,
+        })
 
     def _free_block(self, block: _Block) -> None:
         """torch_npu ``free_block``: merge with free neighbours, return to the pool."""
@@ -968,13 +985,13 @@ class NpuCachingAllocator:
         if block.is_split:
             net_blocks += 1
             net_bytes += block.size
-        types = self._stat_types(pool)
+        stats = pool.stats
         if not block.segment.expandable:
-            self._update("inactive_split", types, net_blocks)
-            self._update("inactive_split_bytes", types, net_bytes)
-        self._update("active", types, -1)
-        self._update("active_bytes", types, -original_size)
-        self._update("requested_bytes", types, -requested)
+            self._update("inactive_split", stats, net_blocks)
+            self._update("inactive_split_bytes", stats, net_bytes)
+        self._update("active", stats, -1)
+        self._update("active_bytes", stats, -original_size)
+        self._update("requested_bytes", stats, -requested)
         block.requested_bytes = 0
         block.allocation_id = 0
 
@@ -1032,9 +1049,9 @@ class NpuCachingAllocator:
         tally.device_mallocs += 1
         tally.device_malloc_bytes += size
         self._num_device_alloc += 1
-        types = self._stat_types(pool)
-        self._update("segment", types, 1)
-        self._update("reserved_bytes", types, size)
+        stats = pool.stats
+        self._update("segment", stats, 1)
+        self._update("reserved_bytes", stats, size)
         if size >= self._max_split:
             self._oversize_segments.update(1)
         return _Block(segment.address, size, stream, pool, segment)
@@ -1049,9 +1066,9 @@ class NpuCachingAllocator:
         tally.device_frees += 1
         tally.device_free_bytes += block.size
         self._num_device_free += 1
-        types = self._stat_types(pool)
-        self._update("segment", types, -1)
-        self._update("reserved_bytes", types, -block.size)
+        stats = pool.stats
+        self._update("segment", stats, -1)
+        self._update("reserved_bytes", stats, -block.size)
         if block.size >= self._max_split:
             self._oversize_segments.update(-1)
 
@@ -1235,7 +1252,7 @@ class NpuCachingAllocator:
         self._try_merge_blocks(block, block.prev)
         self._try_merge_blocks(block, block.next)
         pool.blocks.add(block)
-        self._update("reserved_bytes", self._stat_types(pool), mapped)
+        self._update("reserved_bytes", pool.stats, mapped)
         return True
 
     def _unmap_block(self, block: _Block, tally: _Tally) -> None:
@@ -1277,7 +1294,7 @@ class NpuCachingAllocator:
         self._try_merge_blocks(block, block.next)
         pool.unmapped.add(block)
         self._reserved_total -= unmapped
-        self._update("reserved_bytes", self._stat_types(pool), -unmapped)
+        self._update("reserved_bytes", pool.stats, -unmapped)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -1286,15 +1303,25 @@ class NpuCachingAllocator:
         self._next_address = _round_up(address + size, self._spec.round_large_bytes)
         return address
 
-    def _stat_types(self, pool: _BlockPool) -> tuple[str, ...]:
-        if pool.private:
-            return ("all",)
-        return ("all", "small_pool" if pool.is_small else "large_pool")
+    def _new_pool(self, name: str, *, is_small: bool, private: bool = False) -> _BlockPool:
+        pool = _BlockPool(name, is_small, private)
+        types = ("all",) if private else ("all", "small_pool" if is_small else "large_pool")
+        pool.stats = {stat: tuple(self._stats[stat][t] for t in types) for stat in _STAT_NAMES}
+        return pool
 
-    def _update(self, name: str, types: tuple[str, ...], amount: int) -> None:
-        stats = self._stats[name]
-        for stat_type in types:
-            stats[stat_type].update(amount)
+    @staticmethod
+    def _update(name: str, stats: dict[str, tuple[_Stat, ...]], amount: int) -> None:
+        """Move statistic ``name`` by ``amount`` in the counters of a pool's ``stats``
+        (:meth:`_Stat.update`, inlined: several calls per allocation)."""
+        for stat in stats[name]:
+            current = stat.current + amount
+            stat.current = current
+            if current > stat.peak:  # noqa: PLR1730 (not max(): a comparison costs less than a call here)
+                stat.peak = current
+            if amount > 0:
+                stat.allocated += amount
+            else:
+                stat.freed -= amount
 
     def _all_pools(self) -> list[_BlockPool]:
         return [self._small, self._large, *(r.pool for r in self._reserved_pools.values())]
@@ -1343,29 +1370,29 @@ class NpuCachingAllocator:
         address: int | None = None,
         block_bytes: int | None = None,
     ) -> MemoryEvent:
-        return MemoryEvent(
-            action=action,
-            latency_s=tally.latency_s,
-            requested_bytes=(
+        return _from_fields(MemoryEvent, {
+            "action": action,
+            "latency_s": tally.latency_s,
+            "requested_bytes": (
                 requested_bytes if requested_bytes is not None
                 else handle.requested_bytes if handle else 0
             ),
-            rounded_bytes=rounded_bytes,
-            block_bytes=(
+            "rounded_bytes": rounded_bytes,
+            "block_bytes": (
                 block_bytes if block_bytes is not None else handle.size_bytes if handle else 0
             ),
-            address=address if address is not None else handle.address if handle else 0,
-            pool=pool if pool is not None else handle.pool if handle else "none",
-            stream=stream if stream is not None else handle.stream if handle else 0,
-            cache_hit=cache_hit,
-            device_mallocs=tally.device_mallocs,
-            device_malloc_bytes=tally.device_malloc_bytes,
-            failed_device_mallocs=tally.failed_device_mallocs,
-            device_frees=tally.device_frees,
-            device_free_bytes=tally.device_free_bytes,
-            synchronizations=tally.synchronizations,
-            cache_flushed=tally.cache_flushed,
-            alloc_retried=tally.alloc_retried,
-            allocated_bytes=self._stats["allocated_bytes"]["all"].current,
-            reserved_bytes=self._reserved_total,
-        )
+            "address": address if address is not None else handle.address if handle else 0,
+            "pool": pool if pool is not None else handle.pool if handle else "none",
+            "stream": stream if stream is not None else handle.stream if handle else 0,
+            "cache_hit": cache_hit,
+            "device_mallocs": tally.device_mallocs,
+            "device_malloc_bytes": tally.device_malloc_bytes,
+            "failed_device_mallocs": tally.failed_device_mallocs,
+            "device_frees": tally.device_frees,
+            "device_free_bytes": tally.device_free_bytes,
+            "synchronizations": tally.synchronizations,
+            "cache_flushed": tally.cache_flushed,
+            "alloc_retried": tally.alloc_retried,
+            "allocated_bytes": self._all_allocated_bytes.current,
+            "reserved_bytes": self._reserved_total,
+        })

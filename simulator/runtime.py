@@ -9,6 +9,7 @@ with :meth:`NPU.from_numpy`: those carry data, and operators on them compute the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import numbers
@@ -26,7 +27,7 @@ from . import numerics
 from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
 from .costs import OpCost, OpSpec, conv_output_hw, op_cost
 from .hardware import HardwareSpec, load_hardware
-from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory
+from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory, build_record
 from .units import DTYPE_BYTES
 
 _RUNTIME_FILE = os.path.normcase(os.path.abspath(__file__))
@@ -169,47 +170,50 @@ def _make_record(
     )
     comm = None
     if cost.comm is not None:
-        comm = CommInfo.model_construct(
-            bytes=cost.comm.bytes,
-            algorithm=cost.comm.algorithm,
-            group_size=cost.comm.group_size,
-            algbw_bytes_per_s=cost.comm.algbw_bytes_per_s,
-            busbw_bytes_per_s=cost.comm.busbw_bytes_per_s,
-            ranks=list(spec.attr("ranks", ())),
-        )
-    return OpRecord.model_construct(
-        op_type=spec.op_type,
-        name=name,
-        step=step,
-        stream=stream,
-        start_s=start_s,
-        duration_s=duration_s,
-        flop=cost.flop,
-        hbm_bytes=cost.hbm_bytes,
-        l2_bytes=cost.l2_bytes,
-        block_dim=cost.block_dim,
-        dma_count=cost.dma_count,
-        ai_core_util_frac=cost.ai_core_util_frac / scale,
-        hbm_bandwidth_util_frac=hbm_util,
-        mac_ratio=cost.mac_ratio / scale,
-        vec_ratio=cost.vec_ratio / scale,
-        mte2_ratio=cost.mte2_ratio / scale,
-        input_shapes=[list(shape) for shape in spec.shapes],
-        dtype=spec.dtype,
-        attrs={**{k: v for k, v in spec.attrs if isinstance(v, (bool, int, float, str))},
-               **({"wait_time_s": wait_s} if wait_s else {})},
-        source=source,
-        comm=comm,
-        alloc_stall_s=stall_s,
-        alloc_count=alloc_count,
-        alloc_retries=alloc_retries,
-        device_frees=device_frees,
-        device_mallocs=device_mallocs,
-        overlapped_s=cost.overlapped_s * scale,
-        overlappable_s=cost.overlappable_s * scale,
-        overlap_frac=_overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if stream == "compute" else None,
-        checks=checks,
-    )
+        comm = build_record(CommInfo, {
+            "bytes": cost.comm.bytes,
+            "algorithm": cost.comm.algorithm,
+            "group_size": cost.comm.group_size,
+            "algbw_bytes_per_s": cost.comm.algbw_bytes_per_s,
+            "busbw_bytes_per_s": cost.comm.busbw_bytes_per_s,
+            "ranks": list(spec.attr("ranks", ())),
+        })
+    attrs = {k: v for k, v in spec.attrs if isinstance(v, (bool, int, float, str))}
+    if wait_s:
+        attrs["wait_time_s"] = wait_s
+    compute = stream == "compute"
+    return build_record(OpRecord, {  # every field, in OpRecord's order
+        "op_type": spec.op_type,
+        "name": name,
+        "step": step,
+        "stream": stream,
+        "start_s": start_s,
+        "duration_s": duration_s,
+        "flop": cost.flop,
+        "hbm_bytes": cost.hbm_bytes,
+        "l2_bytes": cost.l2_bytes,
+        "block_dim": cost.block_dim,
+        "dma_count": cost.dma_count,
+        "ai_core_util_frac": cost.ai_core_util_frac / scale,
+        "hbm_bandwidth_util_frac": hbm_util,
+        "mac_ratio": cost.mac_ratio / scale,
+        "vec_ratio": cost.vec_ratio / scale,
+        "mte2_ratio": cost.mte2_ratio / scale,
+        "input_shapes": [list(shape) for shape in spec.shapes],
+        "dtype": spec.dtype,
+        "attrs": attrs,
+        "source": source,
+        "comm": comm,
+        "alloc_stall_s": stall_s,
+        "alloc_count": alloc_count,
+        "alloc_retries": alloc_retries,
+        "device_mallocs": device_mallocs,
+        "device_frees": device_frees,
+        "overlapped_s": cost.overlapped_s * scale,
+        "overlappable_s": cost.overlappable_s * scale,
+        "overlap_frac": _overlap(cost.overlapped_s, cost.overlappable_s, stall_s) if compute else None,
+        "checks": checks,
+    })
 
 
 def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[str, float] | None = None) -> Profile:
@@ -391,7 +395,11 @@ class NPU:
         self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
         self._step_memory = _StepMemoryTally()
         self._memory_steps: list[StepMemory] = []
-        self._finalizers: dict[int, weakref.finalize] = {}
+        #: For each live tensor holding memory (by id): a weak reference whose callback gives
+        #: the memory back when the tensor goes. Held here, not in weakref.finalize's registry,
+        #: whose strong references to this NPU kept every memory-modelling NPU alive as long as
+        #: one of its tensors was (the job-long tensors of simulator.models: for ever).
+        self._finalizers: dict[int, weakref.ref] = {}
         self._communicators: set[frozenset[int]] = set()  # HCCL groups used so far
         self._memory_events: list[MemoryRecord] = []
         #: For each view: the tensor that owns its allocation, and the view's offset in it.
@@ -631,7 +639,11 @@ class NPU:
         after free)."""
         finalizer = self._finalizers.pop(id(tensor), None)
         if finalizer is not None:
-            finalizer()
+            release = finalizer.__callback__
+            # dropped first: a temporary argument dies as this method returns, and its weak
+            # reference must not give the memory back a second time
+            del finalizer
+            release(None)
             tensor.__dict__["_freed"] = True  # a later op that reads or writes it is a use after free
 
     # -- memory --------------------------------------------------------------------------------
@@ -644,7 +656,8 @@ class NPU:
             return tensor
         handle, event = self.allocator.alloc(tensor.nbytes)
         self._note_memory(event)
-        self._finalizers[id(tensor)] = weakref.finalize(tensor, self._release, handle, id(tensor))
+        key = id(tensor)
+        self._finalizers[key] = weakref.ref(tensor, functools.partial(self._release, handle, key))
         device_visible = event.device_mallocs or event.device_frees or event.synchronizations or event.alloc_retried
         stall = event.latency_s if device_visible else 0.0
         if not device_visible:
@@ -678,19 +691,20 @@ class NPU:
             self._pending_device_mallocs += event.device_mallocs
         return tensor
 
-    def _release(self, handle: Allocation, key: int) -> None:
+    def _release(self, handle: Allocation, key: int, _ref: weakref.ref | None = None) -> None:
         self._finalizers.pop(key, None)
         self._note_memory(self.allocator.free(handle))
 
     def _note_memory(self, event: MemoryEvent) -> None:
         self._step_memory.add(event)
-        self._memory_events.append(MemoryRecord.model_construct(
-            step=self._step, time_s=self._clock_s, action=event.action, requested_bytes=event.requested_bytes,
-            block_bytes=event.block_bytes, address=event.address, pool=event.pool, stream=event.stream,
-            latency_s=event.latency_s, device_mallocs=event.device_mallocs, device_frees=event.device_frees,
-            alloc_retried=event.alloc_retried, allocated_bytes=event.allocated_bytes,
-            reserved_bytes=event.reserved_bytes,
-        ))
+        self._memory_events.append(build_record(MemoryRecord, {  # every field, in MemoryRecord's order
+            "step": self._step, "time_s": self._clock_s, "action": event.action,
+            "requested_bytes": event.requested_bytes, "block_bytes": event.block_bytes, "address": event.address,
+            "pool": event.pool, "stream": event.stream, "latency_s": event.latency_s,
+            "device_mallocs": event.device_mallocs, "device_frees": event.device_frees,
+            "alloc_retried": event.alloc_retried, "allocated_bytes": event.allocated_bytes,
+            "reserved_bytes": event.reserved_bytes,
+        }))
 
     def _out(self, shape: Sequence[int], dtype: str, values: numerics.Values | None = None) -> Tensor:
         """An op's output tensor, allocated (and its stall charged to the op just emitted), with

@@ -329,3 +329,57 @@ def test_the_out_of_memory_advice_fits_the_allocator_settings() -> None:
         with pytest.raises(OutOfMemoryError) as info:
             simulator.run(work, allocator=conf or None, memory=True)
         assert ("try setting max_split_size_mb" in str(info.value)) == advised
+
+
+def test_records_hold_every_field_in_the_models_order() -> None:
+    """The runtime builds its records without ``model_construct`` (``profile.build_record``):
+    each must hold every field of its model, in the declared order (``to_json`` writes keys in
+    it), all marked as set, and valid; a field added to a record model but not where the
+    runtime builds it fails here."""
+    def work(npu):
+        x = npu.tensor((1024, 1024))
+        npu.all_reduce(npu.add(x, x))
+
+    profile = simulator.run(work, devices=2, steps=2, memory=True)
+    records = [*profile.ops, *profile.memory, *profile.memory_events, *(op.comm for op in profile.ops if op.comm)]
+    assert {type(r).__name__ for r in records} == {"OpRecord", "StepMemory", "MemoryRecord", "CommInfo"}
+    for record in records:
+        fields = list(type(record).model_fields)
+        assert list(record.__dict__) == fields
+        assert record.model_fields_set == set(fields)
+        assert type(record).model_validate(record.model_dump()) == record
+
+
+def test_a_memory_modelling_npu_does_not_outlive_its_job() -> None:
+    """Tensors give their memory back through weak references their NPU holds. With
+    ``weakref.finalize`` the registry held the NPU as long as any of its tensors lived, and
+    ``simulator.models`` keeps the job-long tensors as long as the NPU lives: every
+    memory-modelled Llama run kept its NPU, records and allocator for ever."""
+    import gc
+    import weakref
+
+    from simulator.models import LLAMA2_7B, training_step
+    from simulator.runtime import NPU
+
+    npu = NPU(A910, devices=8, memory=True)
+    training_step(npu, LLAMA2_7B, seq_len=512)
+    alive = weakref.ref(npu)
+    del npu
+    gc.collect()
+    assert alive() is None
+
+
+def test_npu_free_gives_the_memory_back_once() -> None:
+    """``npu.free(npu.tensor(...))``: the temporary dies as ``free`` returns, after its memory
+    went back; its death must not give the memory back a second time (an 'invalid device
+    pointer' error raised in a weak reference callback, reported as unraisable)."""
+    import sys
+
+    unraisable = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        profile = simulator.run(lambda npu: npu.free(npu.tensor((1024,))), memory=True)
+    finally:
+        sys.unraisablehook = hook
+    assert [u.exc_value for u in unraisable] == []
+    assert [e.action for e in profile.memory_events] == ["alloc", "free"]
