@@ -28,7 +28,14 @@ from pydantic import ValidationError
 from simulator.profile import Profile
 
 from .baseline import BaselineFile, CollectionSettings, RunBaseline, load_baseline, save_baseline
-from .compare import SIGNIFICANCE_ALPHA, RunComparison, apply_significance, compare_run, summarize
+from .compare import (
+    SIGNIFICANCE_ALPHA,
+    RunComparison,
+    Verdict,
+    apply_significance,
+    compare_run,
+    summarize,
+)
 from .diagnosis import Finding, diagnose
 from .fileio import atomic_write_bytes, atomic_write_text
 from .thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
@@ -375,11 +382,19 @@ class ComparisonReport:
 
     @property
     def regressions(self) -> list[Regression]:
+        """Regressed rows measured in time: op types, ``step`` and ``alloc_time``. Peak memory
+        and cache flushes are in :attr:`memory_regressions`."""
         return [
             Regression(v.op_type, v.baseline_s * 1e3, v.current_s * 1e3, v.current_s / v.baseline_s, v.limit_frac)
             for v in self.comparison.verdicts
-            if v.status == "regressed"
+            if v.status == "regressed" and v.unit == "s"
         ]
+
+    @property
+    def memory_regressions(self) -> list[Verdict]:
+        """Regressed rows not measured in time: peak memory (``unit`` "bytes") and allocations
+        that flushed the cache per step (``alloc_retries``, unit "count", baseline possibly 0)."""
+        return [v for v in self.comparison.verdicts if v.status == "regressed" and v.unit != "s"]
 
     def noise_notes(self) -> list[str]:
         """What was above its limit but did not count, and why (never hidden)."""

@@ -105,12 +105,14 @@ def _advice(
 def _memory_finding(v) -> Finding:
     """A regression of peak device memory, of allocator time or of cache flushes."""
     if v.unit == "count":
-        what = (f"the caching allocator flushed its cache and retried {v.baseline_s * 1000:.3g} -> "
-                f"{v.current_s * 1000:.3g} times per 1,000 steps (each flush synchronises the device and frees "
-                "every unsplit cached segment, then the next allocations call aclrtMalloc again)")
+        from .report import fmt_value
+
+        what = (f"allocations that flushed the caching allocator's cache and retried: {fmt_value(v.baseline_s, 'count')}"
+                f" -> {fmt_value(v.current_s, 'count')} (each flush synchronises the device and frees every unsplit "
+                "cached segment, then the next allocations call aclrtMalloc again)")
         tip = ("the cache fragments until a new segment no longer fits: sizes that change from step to step leave "
                "cached blocks no later tensor fits; pre-allocate a pool for those tensors, use expandable_segments, "
-               "or pad sizes to a few buckets (the frequent-alloc finding names the steps)")
+               "or pad sizes to a few buckets")
     elif v.unit == "bytes":
         what = (f"peak {v.op_type.split('.')[1].replace('_peak', '')} memory grew {v.change_frac * 100:+.1f}% "
                 f"({v.baseline_s / 2**20:,.1f} -> {v.current_s / 2**20:,.1f} MiB)")

@@ -201,7 +201,13 @@ def fmt_value(value: float | None, unit: str) -> str:
     if unit == "bytes":
         return fmt_bytes(value)
     if unit == "count":
-        return "-" if value is None else f"{value * 1000:.3g} per 1,000 steps"
+        if value is None:
+            return "-"
+        if value == 0:
+            return "none"
+        if value >= 0.1:
+            return f"{value:.3g} per step"
+        return f"{value * 1000:.3g} per 1,000 steps"
     return fmt_time(value)
 
 

@@ -869,7 +869,7 @@ class OamSession:
         if not (self.results or self.pruned or self.prune_refused or self.settings.report_paths
                 or self.save_errors or self.recorded):
             return
-        from .report import summary_table
+        from .report import fmt_value, summary_table
 
         tests = self._tests_in_order()
         tr = terminalreporter
@@ -882,9 +882,10 @@ class OamSession:
                 runs = " in run {}" if len(t.runs) > 1 else ""
                 detail = ", ".join(
                     f"{v.op_type}{runs.format(v.run + 1)} "
-                    # no percentage from a baseline of zero (alloc_retries): the row is new
-                    + ("new" if v.change_frac is None else f"{v.change_frac * 100:+.1f}%")
-                    + f" (limit {v.limit_frac * 100:.1f}%)" for v in worst)
+                    # no percentage from a baseline of zero (alloc_retries): its two values
+                    + (f"{fmt_value(v.baseline_s, v.unit)} -> {fmt_value(v.current_s, v.unit)} ({v.limit_source})"
+                       if v.change_frac is None else
+                       f"{v.change_frac * 100:+.1f}% (limit {v.limit_frac * 100:.1f}%)") for v in worst)
                 tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
             elif t.status not in ("pass", "not-gated") or t.message:
                 color = {"red": True, "bold": True} if t.failed else {"yellow": True}

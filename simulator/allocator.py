@@ -454,6 +454,7 @@ class _Stat:
     freed: int = 0
 
     def update(self, amount: int) -> None:
+        # NpuCachingAllocator._update inlines this for the pools' counters: change both together.
         current = self.current + amount
         self.current = current
         self.peak = max(self.peak, current)

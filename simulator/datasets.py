@@ -86,13 +86,20 @@ def sequence_length_warmup(
         steps: number of steps to return, starting at ``first_step`` of the schedule.
 
     Raises:
-        ValueError: ``steps`` or ``warmup_steps`` < 1, ``first_step`` < 0, or ``start_tokens`` /
-            ``max_tokens`` not positive multiples of ``step_tokens`` with start <= max.
+        TypeError: an argument that is not an integer.
+        ValueError: ``steps``, ``warmup_steps`` or ``step_tokens`` < 1, ``first_step`` < 0, or ``start_tokens`` / ``max_tokens`` not
+            positive multiples of ``step_tokens`` with start <= max.
     """
+    for name, value in (("steps", steps), ("max_tokens", max_tokens), ("warmup_steps", warmup_steps),
+                        ("start_tokens", start_tokens), ("step_tokens", step_tokens), ("first_step", first_step)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an integer, got {value!r}")
+    if step_tokens < 1:
+        raise ValueError(f"step_tokens must be >= 1, got {step_tokens}")
     if steps < 1 or warmup_steps < 1 or first_step < 0:
         raise ValueError(f"steps and warmup_steps must be >= 1 and first_step >= 0, got steps={steps}, "
                          f"warmup_steps={warmup_steps}, first_step={first_step}")
-    if step_tokens < 1 or start_tokens < step_tokens or start_tokens % step_tokens or max_tokens % step_tokens \
+    if start_tokens < step_tokens or start_tokens % step_tokens or max_tokens % step_tokens \
             or max_tokens < start_tokens:
         raise ValueError(f"start_tokens ({start_tokens}) and max_tokens ({max_tokens}) must be positive multiples "
                          f"of step_tokens ({step_tokens}), start <= max")

@@ -691,7 +691,12 @@ class NPU:
             self._pending_device_mallocs += event.device_mallocs
         return tensor
 
-    def _release(self, handle: Allocation, key: int, _ref: weakref.ref | None = None) -> None:
+    def _release(self, handle: Allocation, key: int, ref: weakref.ref | None = None) -> None:
+        """Give ``handle`` back: called by :meth:`free` (``ref`` None) or by the tensor's weak
+        reference when the tensor goes. A reference that is no longer the registered one (the
+        tensor was freed explicitly, or its id now belongs to another tensor) gives nothing back."""
+        if ref is not None and self._finalizers.get(key) is not ref:
+            return
         self._finalizers.pop(key, None)
         self._note_memory(self.allocator.free(handle))
 

@@ -29,8 +29,15 @@ def test_sequence_length_warmup_follows_deepspeeds_fixed_linear_schedule() -> No
     ({"max_tokens": 4100}, "max_tokens (4100)"),
     ({"start_tokens": 60}, "start_tokens (60)"),
     ({"start_tokens": 8192}, "start <= max"),
+    ({"step_tokens": 0}, "step_tokens must be >= 1"),
 ])
 def test_sequence_length_warmup_rejects_bad_arguments(kwargs, fragment) -> None:
     args = {"steps": 10, "max_tokens": 4096, "warmup_steps": 100, **kwargs}
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         sequence_length_warmup(**args)
+
+
+def test_sequence_length_warmup_names_an_argument_that_is_not_an_integer() -> None:
+    # review finding: steps=10.5 failed inside range() with a message that named nothing
+    with pytest.raises(TypeError, match="steps must be an integer, got 10.5"):
+        sequence_length_warmup(10.5, 4096, 100)
