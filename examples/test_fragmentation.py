@@ -3,7 +3,7 @@
 A Llama-style model (Llama-2-7B's widths, 7 layers) trains on one Ascend 910 card with its
 sequences growing step by step (DeepSpeed's sequence-length warmup, 8,192 tokens after 60,000
 steps), close to the card's 32 GiB: weights, gradients and AdamW state take 25.0 GiB, and a
-step's activations 5.8 GiB more at 4,648 tokens (allocated peak 30.81 GiB). These 400 steps
+step's activations 5.8 GiB more at 4,648 tokens (allocated peak 30.80 GiB). These 400 steps
 run from step 33,480 of the schedule (4,592 -> 4,648 tokens), where FlashAttention takes
 about 2.9 ms.
 
@@ -28,8 +28,8 @@ from simulator.units import GiB
 LLAMA_STYLE = LlamaConfig("llama-style-7-layers", 4096, 11008, 32, 32, 7, 32000)
 STEPS = 400
 LENGTHS = sequence_length_warmup(STEPS, 8192, 60_000, first_step=33_480)
-POOL = True  # pre-allocate a pool before the first step
-POOL_BYTES = 31 * GiB  # the step's allocated peak in this window (30.81 GiB), rounded up
+POOL = True  # pre-allocate a pool at the start of the first step
+POOL_BYTES = 31 * GiB  # the step's allocated peak in this window (30.80 GiB), rounded up
 
 
 def warmup_training(pool: bool):

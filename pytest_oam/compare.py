@@ -249,15 +249,18 @@ def _memory_verdicts(baseline: RunBaseline, current: RunBaseline, resolver: Limi
     out = []
     for row in MEMORY_ROWS:
         b, c, unit = pairs[row]
-        if row == "alloc_retries" and not b and c:
+        if row == "alloc_retries" and not b:
             if b is None:
-                # A baseline saved before flushes were recorded: shown, not judged (re-save it).
-                out.append(Verdict(row, None, float(c), None, 0.0, "not in the baseline", "new", "mean", unit))
+                if c:  # a baseline saved before flushes were recorded: shown, not judged (re-save it)
+                    out.append(Verdict(row, None, float(c), None, 0.0, "not in the baseline", "new", "mean", unit))
                 continue
             # The baseline never flushed the cache: any flush is a new device synchronisation
             # and a burst of aclrtFree / aclrtMalloc calls, whatever its estimated cost, so no
             # threshold loosens this (a baseline that flushes is compared under its limit).
-            out.append(Verdict(row, 0.0, float(c), None, 0.0, "any flush from none", "regressed", "mean", unit))
+            # Shown when neither run flushed too, so that the row is seen to be gated.
+            status = "missing" if c is None else ("regressed" if c else "pass")
+            out.append(Verdict(row, 0.0, None if c is None else float(c), None if c else 0.0, 0.0,
+                               "any flush from none", status, "mean", unit))
             continue
         if b is None or b <= 0:
             continue
@@ -372,6 +375,9 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
     if missing_rows:
         reasons.append("the baseline tracked device memory and this run did not (memory=True): "
                        + ", ".join(missing_rows) + " not compared")
+    if any(v.op_type == "alloc_retries" and v.status == "new" for v in verdicts):
+        reasons.append("the baseline has no count of cache flushes (saved before alloc_retries was compared): "
+                       "this run's flushes are shown, not judged; save the baseline again to gate them")
     if hard:
         # Another device, job size or simulator: the numbers are not comparable, so they
         # neither fail nor pass the gate (the verdicts are kept for information).

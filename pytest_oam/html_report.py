@@ -269,6 +269,10 @@ def op_time_plot(verdicts: Sequence[VerdictReport], run: int) -> str | None:
     regressed = [v.op_type for v in rows if v.status == "regressed"]
     caption = (f"run {run + 1}: {len(rows)} op types; regressed: {', '.join(regressed)}" if regressed
                else f"run {run + 1}: {len(rows)} op types; none regressed")
+    # the rows not plotted here still say so (review finding: "none regressed" under a failed gate)
+    others = [v.op_type for v in verdicts if v.status == "regressed" and v not in rows]
+    if others:
+        caption += f"; regressed outside this plot: {', '.join(others)}"
     return _img("op-time", _png_uri(fig), f"time per op type of run {run + 1} against the baseline", caption, run)
 
 
@@ -381,8 +385,9 @@ def findings_html(findings: Sequence[FindingReport]) -> str:
         moved = "; ".join(f"{_e(name)} {b:.4g} &rarr; {c:.4g}" for name, (b, c) in f.counters.items()) or "none"
         sites = "<br>".join(f"<code>{_e(site)}</code> ({fmt_time(t)})" for site, t in f.call_sites) or "-"
         advice = "".join(f"<li>{_e(tip)}</li>" for tip in f.advice)
-        rows.append((f.kind, (str(f.run + 1), _e(f.severity), _e(f.op_type), f"+{fmt_time(f.delta_s)}",
-                              fmt_frac(f.step_share_frac), moved, sites,
+        memory = f.op_type in MEMORY_ROWS  # no time of its own, as in the Markdown report
+        rows.append((f.kind, (str(f.run + 1), _e(f.severity), _e(f.op_type), "-" if memory else f"+{fmt_time(f.delta_s)}",
+                              "-" if memory else fmt_frac(f.step_share_frac), moved, sites,
                               f'<ul class="advice">{advice}</ul>' if advice else "-")))
     return _table(("run", "severity", "op type", "cost per step", "of the step", "counters moved", "called at",
                    "what to do"), rows, numeric=(0, 3, 4))

@@ -201,6 +201,9 @@ def test_flush(oam_profile):
         pytester.runpytest("--oam-baseline", "--oam-report", out, "--junitxml", "j.xml").assert_outcomes(failed=1)
         assert "0.333 per step" in (pytester.path / out).read_text()
     assert "alloc_retries at -; allocations that flushed" in (pytester.path / "j.xml").read_text()
+    # review finding: the HTML op-time caption said "none regressed" under a failed gate
+    html = (pytester.path / "r.html").read_text()
+    assert "regressed outside this plot: " in html and "alloc_retries" in html.split("regressed outside this plot: ")[1][:200]
     # no threshold loosens a flush from none
     result = pytester.runpytest("--oam-baseline", "--oam-threshold", "alloc_retries=100%")
     result.assert_outcomes(failed=1)
@@ -262,6 +265,11 @@ def test_a_baseline_without_flush_counts_shows_the_flushes_without_judging() -> 
     (row,) = [v for v in comparison.verdicts if v.op_type == "alloc_retries"]
     assert (row.status, row.limit_source) == ("new", "not in the baseline")
     assert comparison.status == "pass"
+    assert any("save the baseline again to gate them" in r for r in comparison.reasons)
+    # neither run flushed: the row is shown as passing, so that it is seen to be gated
+    comparison = compare_run(0, run, run, LimitResolver.build())
+    (row,) = [v for v in comparison.verdicts if v.op_type == "alloc_retries"]
+    assert (row.baseline_s, row.current_s, row.status) == (0.0, 0.0, "pass")
 
 
 def test_dropping_memory_tracking_is_not_silently_ungated() -> None:
@@ -276,7 +284,7 @@ def test_dropping_memory_tracking_is_not_silently_ungated() -> None:
                              LimitResolver.build())
     assert comparison.status == "missing-ops"
     assert {v.op_type for v in comparison.verdicts if v.status == "missing"} == {
-        "memory.reserved_peak", "memory.allocated_peak", "alloc_time"}
+        "memory.reserved_peak", "memory.allocated_peak", "alloc_time", "alloc_retries"}
 
 
 def test_llama_step_memory_follows_a_training_loop() -> None:

@@ -95,3 +95,16 @@ def test_oam_validate_prints_the_table(capsys) -> None:
     main(["validate", "--case", "gemm-910b2-n1", "--format", "markdown"])
     table, _, summary = capsys.readouterr().out.partition("\n\n")
     assert table.startswith("| case") and summary.startswith("- median absolute error")
+
+
+@pytest.mark.parametrize("update, message", [
+    ({"accept_range": (4672.0, 4160.0)}, "0 < low <= high"),
+    ({"published": 6000.0}, "lies outside its accept_range"),
+])
+def test_a_band_that_cannot_hold_its_figure_is_refused(update, message) -> None:
+    # newcomer finding: a reversed band, or a published middle outside it, was accepted and judged
+    from simulator.validation import Case
+
+    (llama,) = [c for c in CASES if c.id == "llama2-7b-910b-x8-s4k"]
+    with pytest.raises(ValueError, match=message):
+        Case.model_validate({**llama.model_dump(), **update})

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..costs import vector_unit_time_s
 from ..hardware import HardwareSpec, load_hardware
@@ -45,6 +45,18 @@ class Case(BaseModel):
     role: Literal["validation", "calibration"] = "validation"
     known_gap: str | None = Field(default=None, description="Why the models do not meet this case yet")
     source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _band_holds_its_figure(self) -> Case:
+        if self.accept_range is not None:
+            low, high = self.accept_range
+            if not 0 < low <= high:
+                raise ValueError(f"case {self.id}: accept_range must be [low, high] with 0 < low <= high, "
+                                 f"got {[low, high]}")
+            if self.published is not None and not low <= self.published <= high:
+                raise ValueError(f"case {self.id}: published {self.published} lies outside its accept_range "
+                                 f"{[low, high]}")
+        return self
 
 
 class FiguresFile(BaseModel):
@@ -262,7 +274,8 @@ def table(results: list[CaseResult], fmt: str = "simple") -> str:
             published, tolerance = f"<= {_fmt(c.upper_bound, c.metric)}", "bound"
         elif c.accept_range is not None:
             low, high = c.accept_range
-            published = f"{_fmt(c.published, c.metric)} ({_fmt(low, c.metric)} .. {_fmt(high, c.metric)})"
+            # the source gives the band; the error column is against its middle
+            published = f"{_fmt(low, c.metric)} .. {_fmt(high, c.metric)} (middle {_fmt(c.published, c.metric)})"
             tolerance = f"edges +-{c.tolerance_frac * 100:.0f}%" if c.tolerance_frac else "in band"
         else:
             published, tolerance = _fmt(c.published, c.metric), f"+-{c.tolerance_frac * 100:.0f}%"
@@ -332,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_json.dumps({
             "median_abs_error_frac": median_abs_error_frac(results),
             "cases": [{**r.case.model_dump(mode="json"), "simulated": r.simulated, "error_frac": r.error_frac,
-                       "passed": r.passed} for r in results],
+                       "outside_band_frac": r.outside_band_frac, "passed": r.passed} for r in results],
         }, indent=2))
     else:
         print(report(results, "github" if args.format == "markdown" else "simple"))
