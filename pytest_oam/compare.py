@@ -57,8 +57,9 @@ def _alloc_retries_per_step(profile: Profile) -> float | None:
     """Allocations that flushed the cache and retried, per step: a mean, not a median (flushes
     that recur every few hundred steps are what it must see), over the steps after the first
     when there are several, as the frequent-alloc rule counts them (the first step fills the
-    cache); ``None`` without memory tracking."""
-    if not profile.memory:
+    cache); ``None`` without memory tracking, and for imported profiles (``real:*`` hardware),
+    whose memory records do not say whether an allocation retried."""
+    if not profile.memory or profile.hardware.startswith("real:"):
         return None
     first = 1 if profile.steps > 1 else 0
     return sum(m.alloc_retries for m in profile.memory if m.step >= first) / (profile.steps - first)

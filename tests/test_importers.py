@@ -238,6 +238,11 @@ def test_torch_npu_folder_brings_memory_and_communication() -> None:
     assert first.attrs["wait_time_s"] == pytest.approx(5.64663284375e-3)
     assert first.attrs["idle_time_s"] == pytest.approx(73.20370259375e-3)
     assert first.attrs["transport"] == "HCCS" and first.comm.group_size is None
+    # review finding: the memory records say nothing of retries, so the baseline must not claim
+    # that the run never flushed (which would make any later flush a regression "from none")
+    from pytest_oam.compare import summarize
+
+    assert summarize(profile).alloc_retries_per_step is None
     # the ASCEND_PROFILER_OUTPUT level works the same as its parent
     assert import_profile(FOLDER1).ops == profile.ops
 
