@@ -108,3 +108,9 @@ def test_a_band_that_cannot_hold_its_figure_is_refused(update, message) -> None:
     (llama,) = [c for c in CASES if c.id == "llama2-7b-910b-x8-s4k"]
     with pytest.raises(ValueError, match=message):
         Case.model_validate({**llama.model_dump(), **update})
+
+
+def test_an_empty_case_prefix_is_an_error(capsys) -> None:
+    # newcomer finding: --case '' matched every case
+    assert main(["validate", "--case", ""]) == 2
+    assert "--case needs a case id" in capsys.readouterr().err

@@ -334,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="known gaps fail too")
     args = parser.parse_args(argv)
     cases = load_cases()
+    if any(not prefix.strip() for prefix in args.case):
+        print("oam validate: error: --case needs a case id or the start of one, got an empty one", file=sys.stderr)
+        return 2
     if args.case:
         cases = tuple(c for c in cases if any(c.id.startswith(prefix) for prefix in args.case))
         if not cases:
