@@ -420,6 +420,8 @@ def assert_near_tuned(profile: Profile, operator: str, knowledge_base: Knowledge
                       limit: str | float = "5%", config: Mapping[str, Any] | None = None) -> list[TunedRecord]:
     """Every distinct call of ``operator`` in ``profile`` (per input shapes and dtype) takes at
     most ``limit`` more time than the tuned optimum its knowledge base record holds.
+    ``operator`` is an op type or an ``fnmatch`` glob (``FlashAttention*``: forward and
+    backward), as in the ``tuned=`` marker.
 
     ``config`` (the test's configuration, for the message) is optional. Returns the records used.
 
@@ -434,10 +436,14 @@ def assert_near_tuned(profile: Profile, operator: str, knowledge_base: Knowledge
 
     limit_frac = parse_limit(limit)
     kb = knowledge_base if isinstance(knowledge_base, KnowledgeBase) else KnowledgeBase.load(knowledge_base)
-    if not profile.ops_of(operator):
+    from fnmatch import fnmatchcase
+
+    op_types = [t for t in profile.op_types if fnmatchcase(t, operator)]
+    if not op_types:
         raise ValueError(f"the profile has no {operator!r} call; its op types: {', '.join(profile.op_types) or 'none'}")
-    checks = check_near_tuned(profile, operator, kb, limit_frac=limit_frac,
-                              config_text=str(dict(config)) if config else None)
+    checks = [check for op_type in op_types
+              for check in check_near_tuned(profile, op_type, kb, limit_frac=limit_frac,
+                                            config_text=str(dict(config)) if config else None)]
     problems = [c.message for c in checks if c.status != "ok"]
     if problems:
         raise TunedGateFailure("\n".join(problems))

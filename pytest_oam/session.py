@@ -454,7 +454,8 @@ class OamProfiler:
     def assert_near_tuned(self, op_type: str, *, limit: str | float = "5%", profile: Profile | None = None,
                           knowledge_base: str | os.PathLike | None = None, config: dict | None = None):
         """:func:`pytest_oam.knowledge_base.assert_near_tuned` on ``profile`` (default: the last
-        profile this test ran): each call of ``op_type`` takes at most ``limit`` more time than
+        profile this test ran): each call of ``op_type`` (an op type or an ``fnmatch`` glob,
+        ``FlashAttention*``) takes at most ``limit`` more time than
         the tuned optimum recorded for its shapes, dtype, hardware and simulator version.
         ``knowledge_base`` defaults to the ``oam_knowledge_base`` ini key (relative to the ini
         file; default ``tuned/knowledge_base.json``). Returns the records used.

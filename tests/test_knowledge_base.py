@@ -247,6 +247,12 @@ def test_assert_near_tuned_outside_pytest(result, tmp_path) -> None:
     assert_near_tuned(simulator.run(attention), "FlashAttention", path, limit=f"{slower_frac * 100 + 0.1}%")
     with pytest.raises(ValueError, match="the profile has no 'MatMul' call"):
         assert_near_tuned(simulator.run(attention), "MatMul", path)
+    # an fnmatch glob, as in the tuned= marker (a gap noted at issue 9's last stop)
+    assert assert_near_tuned(simulator.run(attention, **record.config), "Flash*", path, limit="0%") == [record]
+    with pytest.raises(TunedGateFailure, match="slower than the tuned"):
+        assert_near_tuned(simulator.run(attention), "FlashAttention*", path, limit="2%")
+    with pytest.raises(ValueError, match="the profile has no 'Mat\\*' call"):
+        assert_near_tuned(simulator.run(attention), "Mat*", path)
     with pytest.raises(ValueError, match="is not a percentage"):
         assert_near_tuned(simulator.run(attention), "FlashAttention", path, limit="fast")
 
