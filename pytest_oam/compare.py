@@ -53,16 +53,22 @@ def tail_s(values: list[float], steps: int) -> float | None:
     return float(np.percentile(values, TAIL_PERCENTILE))
 
 
+def warm_steps(steps: int) -> range:
+    """The steps after the first when a run has several, else its only step: the first fills
+    the caching allocator's cache (its device mallocs and flushes are expected), so the
+    diagnosis rules and the flush count skip it."""
+    return range(1, steps) if steps > 1 else range(1)
+
+
 def _alloc_retries_per_step(profile: Profile) -> float | None:
-    """Allocations that flushed the cache and retried, per step: a mean, not a median (flushes
-    that recur every few hundred steps are what it must see), over the steps after the first
-    when there are several, as the frequent-alloc rule counts them (the first step fills the
-    cache); ``None`` without memory tracking, and for imported profiles (``real:*`` hardware),
-    whose memory records do not say whether an allocation retried."""
+    """Allocations that flushed the cache and retried, per warm step (:func:`warm_steps`, as
+    the frequent-alloc rule counts them): a mean, not a median (flushes that recur every few
+    hundred steps are what it must see); ``None`` without memory tracking, and for imported
+    profiles (``real:*`` hardware), whose memory records do not say whether an allocation retried."""
     if not profile.memory or profile.hardware.startswith("real:"):
         return None
-    first = 1 if profile.steps > 1 else 0
-    return sum(m.alloc_retries for m in profile.memory if m.step >= first) / (profile.steps - first)
+    warm = warm_steps(profile.steps)
+    return sum(m.alloc_retries for m in profile.memory if m.step in warm) / len(warm)
 
 
 def summarize(profile: Profile) -> RunBaseline:

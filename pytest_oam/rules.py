@@ -28,6 +28,7 @@ from simulator.hardware import HardwareSpec
 from simulator.profile import OpRecord, Profile
 from simulator.units import FP16_MAX
 
+from .compare import warm_steps
 from .diagnosis import (
     CUBE_OP_TYPES,
     AlignmentGain,
@@ -75,11 +76,9 @@ class RuleContext:
         return sum(times) / len(times) if times else 0.0
 
     @property
-    def warm_steps(self) -> set[int]:
-        """The steps after the first when the run has several: the first warms the caching
-        allocator up (its device mallocs are expected), so stall rules skip it."""
-        steps = self.profile.steps
-        return set(range(1, steps)) if steps > 1 else {0}
+    def warm_steps(self) -> range:
+        """:func:`pytest_oam.compare.warm_steps` of the profile: stall rules skip the first step."""
+        return warm_steps(self.profile.steps)
 
     def step0_ops(self) -> list[OpRecord]:
         """The records of one representative step (the last, after any warm-up)."""

@@ -453,16 +453,6 @@ class _Stat:
     allocated: int = 0
     freed: int = 0
 
-    def update(self, amount: int) -> None:
-        # NpuCachingAllocator._update inlines this for the pools' counters: change both together.
-        current = self.current + amount
-        self.current = current
-        self.peak = max(self.peak, current)
-        if amount > 0:
-            self.allocated += amount
-        else:
-            self.freed -= amount
-
 
 @dataclass(slots=True)
 class _Tally:
@@ -545,8 +535,9 @@ class NpuCachingAllocator:
         self._external_bytes = 0  # HBM other libraries took (take_device_memory)
         self._next_address = _DEVICE_ADDRESS_BASE
         self._ids = itertools.count(1)
-        self._oversize_allocations = _Stat()
-        self._oversize_segments = _Stat()
+        # moved by _update like a pool's counters
+        self._oversize = {"oversize_allocations": (_Stat(),), "oversize_segments": (_Stat(),)}
+        (self._oversize_allocations,), (self._oversize_segments,) = self._oversize.values()
         self._num_alloc_retries = 0
         self._num_ooms = 0
         self._num_device_alloc = 0
@@ -610,7 +601,7 @@ class NpuCachingAllocator:
         self._update("allocation", stats, -1)
         self._update("allocated_bytes", stats, -block.size)
         if block.size >= self._max_split:
-            self._oversize_allocations.update(-1)
+            self._update("oversize_allocations", self._oversize, -1)
         if block.pool.private:
             self._reserved_pools[block.pool.name].live_count -= 1
         self._free_block(block)
@@ -964,7 +955,7 @@ class NpuCachingAllocator:
         self._update("active_bytes", stats, block.size)
         self._update("requested_bytes", stats, orig_size)
         if block.size >= self._max_split:
-            self._oversize_allocations.update(1)
+            self._update("oversize_allocations", self._oversize, 1)
         return _from_fields(Allocation, {
             "allocation_id": block.allocation_id, "address": block.address, "size_bytes": block.size,
             "requested_bytes": orig_size, "stream": block.stream, "pool": pool.name,
@@ -1054,7 +1045,7 @@ class NpuCachingAllocator:
         self._update("segment", stats, 1)
         self._update("reserved_bytes", stats, size)
         if size >= self._max_split:
-            self._oversize_segments.update(1)
+            self._update("oversize_segments", self._oversize, 1)
         return _Block(segment.address, size, stream, pool, segment)
 
     def _release_block(self, block: _Block, tally: _Tally) -> None:
@@ -1071,7 +1062,7 @@ class NpuCachingAllocator:
         self._update("segment", stats, -1)
         self._update("reserved_bytes", stats, -block.size)
         if block.size >= self._max_split:
-            self._oversize_segments.update(-1)
+            self._update("oversize_segments", self._oversize, -1)
 
     def _synchronize(self, tally: _Tally, *, whole_device: bool = True) -> None:
         """Device synchronisation (``npuSynchronizeDevice``), or one stream's when unmapping."""
@@ -1312,8 +1303,8 @@ class NpuCachingAllocator:
 
     @staticmethod
     def _update(name: str, stats: dict[str, tuple[_Stat, ...]], amount: int) -> None:
-        """Move statistic ``name`` by ``amount`` in the counters of a pool's ``stats``
-        (:meth:`_Stat.update`, inlined: several calls per allocation)."""
+        """Move statistic ``name`` by ``amount`` in its counters in ``stats`` (a pool's, or the
+        oversize ones): current, peak, and the running totals allocated and freed."""
         for stat in stats[name]:
             current = stat.current + amount
             stat.current = current

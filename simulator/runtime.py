@@ -639,11 +639,7 @@ class NPU:
         after free)."""
         finalizer = self._finalizers.pop(id(tensor), None)
         if finalizer is not None:
-            release = finalizer.__callback__
-            # dropped first: a temporary argument dies as this method returns, and its weak
-            # reference must not give the memory back a second time
-            del finalizer
-            release(None)
+            finalizer.__callback__(None)  # the reference, no longer registered, then gives nothing back
             tensor.__dict__["_freed"] = True  # a later op that reads or writes it is a use after free
 
     # -- memory --------------------------------------------------------------------------------

@@ -82,16 +82,19 @@ class CaseResult(BaseModel):
 
     @property
     def outside_band_frac(self) -> float | None:
-        """For a case with a published band: signed distance from the band's nearer edge, as a
-        share of that edge (0 inside the band, positive above it); ``None`` without a band."""
-        if self.case.accept_range is None:
-            return None
-        low, high = self.case.accept_range
-        if self.simulated > high:
-            return (self.simulated - high) / high
-        if self.simulated < low:
-            return (self.simulated - low) / low
-        return 0.0
+        """For a case with a published band: :func:`_outside_band_frac`; ``None`` without one."""
+        return None if self.case.accept_range is None else _outside_band_frac(self.simulated, self.case.accept_range)
+
+
+def _outside_band_frac(value: float, band: tuple[float, float]) -> float:
+    """Signed distance of ``value`` from the nearer edge of ``band``, as a share of that edge:
+    0 inside the band, positive above it."""
+    low, high = band
+    if value > high:
+        return (value - high) / high
+    if value < low:
+        return (value - low) / low
+    return 0.0
 
 
 @functools.cache
@@ -228,9 +231,7 @@ def evaluate(case: Case) -> CaseResult:
         return CaseResult(case=case, simulated=value, error_frac=None, passed=value <= case.upper_bound)
     error = (value - case.published) / case.published
     if case.accept_range is not None:
-        low, high = case.accept_range
-        tolerance = case.tolerance_frac or 0.0
-        passed = low * (1 - tolerance) <= value <= high * (1 + tolerance)
+        passed = abs(_outside_band_frac(value, case.accept_range)) <= (case.tolerance_frac or 0.0)
     else:
         passed = abs(error) <= case.tolerance_frac
     return CaseResult(case=case, simulated=value, error_frac=error, passed=passed)
