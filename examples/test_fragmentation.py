@@ -7,11 +7,12 @@ step's activations 5.8 GiB more at 4,648 tokens (allocated peak 30.80 GiB). Thes
 run from step 33,480 of the schedule (4,592 -> 4,648 tokens), where FlashAttention takes
 about 2.9 ms.
 
-Every few sequence lengths the step's tensors no longer fit the blocks the allocator cached
-for the shorter steps before; it maps new segments until the card is full, then flushes its
-cache (synchronise, free every unsplit cached segment) and allocates again. Without a pool that
-happens in steps 64 and 182 of this window (see tests/test_fragmentation_case.py and
-docs/memory-fragmentation.md). The test below pre-allocates a pool of 31 GiB, the step's
+Every few sequence lengths the step's tensors, and the workspace FlashAttentionGrad asks for
+right before its kernel (it grows with the sequence), no longer fit the blocks the allocator
+cached for the shorter steps before; it maps new segments until the card is full, then flushes
+its cache (synchronise, free every unsplit cached segment) and allocates again. Without a pool
+that happens in steps 64 (the loss gradient) and 300 (FlashAttentionGrad's workspace) of this
+window (see tests/test_fragmentation_case.py and docs/memory-fragmentation.md). The test below pre-allocates a pool of 31 GiB, the step's
 allocated peak rounded up, with PyTorch's ``torch.empty(n, device=...); del`` idiom: the
 allocator keeps that one segment and carves every later tensor out of it, so nothing new is
 mapped and nothing is flushed.

@@ -391,6 +391,13 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
         evidence.append(f"allocations flushed the cache and retried in {_steps_text(retry_steps)}{period}")
     if worst_op is not None:
         evidence.append(_stall_evidence(ctx, worst_op))
+        rest = sorted((o for o in stalled if o is not worst_op), key=lambda o: (o.step, o.start_s))
+        if rest:
+            named = ", ".join(
+                f"in step {o.step} {o.name} ({o.op_type}) {o.alloc_stall_s * 1e3:.2f} ms "
+                f"({o.device_frees} device {'free' if o.device_frees == 1 else 'frees'})" for o in rest[:3])
+            more = f" and {len(rest) - 3} more" if len(rest) > 3 else ""
+            evidence.append(f"the other flushes waited: {named}{more}")
     evidence.append(f"peak reserved {max(m.reserved_peak_bytes for m in memory) / 2**30:.2f} GiB, up to "
                     f"{max(m.inactive_split_bytes for m in memory) / 2**20:.0f} MiB free inside split blocks")
     severity = grade(gain, ctx.step_time_s) or ("warning" if retry_steps else None)

@@ -4,7 +4,7 @@
 produces, so that baselines made by another version are recognised as such.
 """
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 SIMULATOR_VERSION = __version__
 
 from .callbacks import register_op_callback

@@ -799,6 +799,43 @@ COST_MODELS: dict[str, CostModel] = {
 }
 
 
+def _workspace_term(size_bytes: int, alignment: int) -> int:
+    # CANN's tiling aligns each term as (x + 512) / 512 * 512: a whole 512 B more when x is aligned
+    return (size_bytes // alignment + 1) * alignment
+
+
+def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
+    """Device workspace the op's kernel asks for (``aclnn*GetWorkspaceSize``), in bytes; 0 for
+    ops without a workspace model or when ``hw.workspace`` is None.
+
+    FlashAttention (q (B, N, S_q, D), k (B, N_kv, S_kv, D)): per vector core, the score blocks
+    (``flash_attention_score_blocks`` x block rows x block cols, fp32, two copies, three when
+    S_kv is not a multiple of 64) and the fp32 output buffers, plus a fixed reserve; it does not
+    grow with the sequence. FlashAttentionGrad: the fp32 dq, dk and dv accumulators (full
+    tensors), the softmax gradient, per-core matmul buffers, a sync buffer and a reserve; it grows
+    linearly with S. The formulas and their source are in the hardware file's ``workspace`` group.
+    """
+    ws = hw.workspace
+    if ws is None or spec.op_type not in ("FlashAttention", "FlashAttentionGrad"):
+        return 0
+    (b, n, s_q, d), (_, n_kv, s_kv, _) = spec.shapes[0], spec.shapes[1]
+    cores = hw.ai_core.vector_core_count
+    fp32 = 4
+    if spec.op_type == "FlashAttention":
+        copies = (ws.flash_attention_score_copies if s_kv % ws.flash_attention_kv_alignment == 0
+                  else ws.flash_attention_score_copies_unaligned)
+        score = ws.flash_attention_score_blocks * ws.flash_attention_block_rows * ws.flash_attention_block_cols * fp32
+        out = (ws.flash_attention_output_buffers * ws.flash_attention_block_rows
+               * _round_up(d, ws.flash_attention_head_dim_alignment) * fp32)
+        return (score * copies + out) * cores + ws.flash_attention_reserve_bytes
+    align = ws.term_alignment_bytes
+    total = ws.flash_attention_grad_sync_bytes
+    total = _workspace_term(total + fp32 * (b * n * s_q * d + 2 * b * n_kv * s_kv * d), align)
+    total = _workspace_term(total + ws.flash_attention_grad_softmax_bytes_per_row * b * n * s_q, align)
+    total = _workspace_term(total + ws.flash_attention_grad_block_bytes_per_core * cores, align)
+    return _workspace_term(total + ws.flash_attention_grad_reserve_bytes, align)
+
+
 def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     """Cost of ``spec`` on ``hw`` through :data:`COST_MODELS`.
 

@@ -129,6 +129,36 @@ class AllocatorSpec(_Group):
     )
 
 
+class WorkspaceSpec(_Group):
+    """Device workspace CANN's fused attention kernels ask for (``aclnn*GetWorkspaceSize``).
+
+    With torch_npu's default task queue (``TASK_QUEUE_ENABLE`` 0 or 1) the workspace is a
+    temporary tensor of the caching allocator: allocated after the op's outputs, right before
+    the kernel is queued, and freed once it is. The constants are the tiling parameters of
+    CANN's FlashAttentionScore and FlashAttentionScoreGrad kernels (software facts).
+    """
+
+    flash_attention_block_rows: PositiveInt = Field(description="s1BasicBlock: query rows per score block")
+    flash_attention_block_cols: PositiveInt = Field(description="s2BasicBlock: key columns per score block")
+    flash_attention_score_blocks: PositiveInt = Field(
+        description="nRatio: score blocks one vector core buffers per copy")
+    flash_attention_score_copies: PositiveInt = Field(description="Copies of the score buffer (SPACE_NUM_2)")
+    flash_attention_score_copies_unaligned: PositiveInt = Field(
+        description="Copies when the key length is not a multiple of flash_attention_kv_alignment")
+    flash_attention_kv_alignment: PositiveInt = Field(description="Key length alignment of the two-copy case")
+    flash_attention_output_buffers: PositiveInt = Field(
+        description="fp32 buffers of (block rows x head dim) per vector core (SPACE_NUM_4)")
+    flash_attention_head_dim_alignment: PositiveInt
+    flash_attention_reserve_bytes: NonNegativeInt = Field(description="WORK_SPACE_RESERVE_SIZE")
+    flash_attention_grad_sync_bytes: NonNegativeInt = Field(description="Cross-core synchronisation buffer")
+    flash_attention_grad_softmax_bytes_per_row: NonNegativeInt = Field(
+        description="Softmax-gradient bytes per (batch, head, query row)")
+    flash_attention_grad_block_bytes_per_core: NonNegativeInt = Field(
+        description="Matmul result buffers per vector core (512 x 512 fp32, two copies)")
+    flash_attention_grad_reserve_bytes: NonNegativeInt
+    term_alignment_bytes: PositiveInt = Field(description="Each workspace term is rounded up to this")
+
+
 class ProfilerSpec(_Group):
     """What collecting a profile costs the run."""
 
@@ -153,6 +183,8 @@ class HardwareSpec(BaseModel):
     interconnect: InterconnectSpec
     allocator: AllocatorSpec
     profiler: ProfilerSpec
+    workspace: WorkspaceSpec | None = Field(
+        default=None, description="Operator workspaces; None (specs before simulator 0.6.0): not modelled")
 
     def peak_cube_flop_per_s(self, dtype: str) -> float:
         """Peak Cube unit rate in FLOP/s (2 FLOP per MAC) for ``dtype``.

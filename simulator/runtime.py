@@ -25,7 +25,7 @@ from . import __version__ as SIMULATOR_VERSION
 from . import callbacks as _callbacks
 from . import numerics
 from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
-from .costs import OpCost, OpSpec, conv_output_hw, op_cost
+from .costs import OpCost, OpSpec, conv_output_hw, op_cost, op_workspace_bytes
 from .hardware import HardwareSpec, load_hardware
 from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory, build_record
 from .units import DTYPE_BYTES
@@ -381,6 +381,7 @@ class NPU:
                 raise ValueError(f"op_time_scale[{op_type!r}] must be a positive number, got {factor!r}")
         self._records: list[OpRecord] = []
         self._cost_cache: dict[OpSpec, OpCost] = {}
+        self._workspace_cache: dict[OpSpec, int] = {}
         self._clock_s = 0.0
         self._step = 0
         self.tokens_per_step: int | None = None
@@ -654,6 +655,12 @@ class NPU:
         self._note_memory(event)
         key = id(tensor)
         self._finalizers[key] = weakref.ref(tensor, functools.partial(self._release, handle, key))
+        self._charge(event, charge_last)
+        return tensor
+
+    def _charge(self, event: MemoryEvent, charge_last: bool = True) -> None:
+        """Charge a device-visible allocation stall to the op just emitted (``charge_last``, when
+        it belongs to this step) or to the next op."""
         device_visible = event.device_mallocs or event.device_frees or event.synchronizations or event.alloc_retried
         stall = event.latency_s if device_visible else 0.0
         if not device_visible:
@@ -685,7 +692,24 @@ class NPU:
             self._pending_retries += int(event.alloc_retried)
             self._pending_device_frees += event.device_frees
             self._pending_device_mallocs += event.device_mallocs
-        return tensor
+
+    def _workspace(self, op_type: str, inputs: Sequence[Tensor], dtype: str) -> None:
+        """The kernel's workspace (:func:`simulator.costs.op_workspace_bytes`), as torch_npu's
+        default task queue takes it: a caching-allocator block allocated after the op's outputs,
+        right before the kernel is queued, and freed once it is. Its stall (a device malloc, or a
+        flush and retry) is charged to the op just emitted."""
+        if self.allocator is None:
+            return
+        spec = OpSpec(op_type, tuple(t.shape for t in inputs), dtype)
+        size = self._workspace_cache.get(spec)
+        if size is None:
+            size = self._workspace_cache[spec] = op_workspace_bytes(spec, self.hardware)
+        if not size:
+            return
+        handle, event = self.allocator.alloc(size)
+        self._note_memory(event)
+        self._charge(event)
+        self._note_memory(self.allocator.free(handle))
 
     def _release(self, handle: Allocation, key: int, ref: weakref.ref | None = None) -> None:
         """Give ``handle`` back: called by :meth:`free` (``ref`` None) or by the tensor's weak
@@ -956,7 +980,9 @@ class NPU:
         if q.data is not None:
             values, checks = self._compute("FlashAttention", (q, k, v), q.dtype, q.shape, attrs)
         self._emit("FlashAttention", (q, k, v), q.dtype, name, attrs, checks=checks)
-        return self._out(q.shape, q.dtype, values)
+        out = self._out(q.shape, q.dtype, values)
+        self._workspace("FlashAttention", (q, k, v), q.dtype)
+        return out
 
     def flash_attention_grad(
         self,
@@ -981,7 +1007,9 @@ class NPU:
             raise ShapeError(f"flash_attention_grad: dout {list(dout.shape)} must match q {list(q.shape)}")
         attrs = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": bool(fusion), "causal": bool(causal)}
         self._emit("FlashAttentionGrad", (q, k, v, dout), q.dtype, name, attrs)
-        return self._out(q.shape, q.dtype), self._out(k.shape, k.dtype), self._out(v.shape, v.dtype)
+        grads = self._out(q.shape, q.dtype), self._out(k.shape, k.dtype), self._out(v.shape, v.dtype)
+        self._workspace("FlashAttentionGrad", (q, k, v, dout), q.dtype)
+        return grads
 
     @staticmethod
     def _check_attention(op: str, q: Tensor, k: Tensor, v: Tensor, block_size: int, stages: int) -> None:
