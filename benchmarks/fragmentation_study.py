@@ -9,8 +9,8 @@ with device memory modelled, one sequence length per step drawn from wikitext-10
 (``simulator.datasets``, cut to ``--max-tokens``, padded to 128) or growing under
 sequence-length warmup (``--warmup-steps``), and prints the steps whose
 allocations flushed the cache and retried, the reserved memory every 10 steps, and the step and
-FlashAttention times. See docs/memory-fragmentation.md for what it shows (simulator 0.5.0: one
-flush, at the first longest-sequence step, then none).
+FlashAttention times. See docs/memory-fragmentation.md for what it shows (simulator 0.6.0: no
+flush in 150 steps; 0.5.0, before attention workspaces: one, at the first longest-sequence step).
 """
 
 from __future__ import annotations

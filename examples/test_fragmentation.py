@@ -11,8 +11,9 @@ Every few sequence lengths the step's tensors, and the workspace FlashAttentionG
 right before its kernel (it grows with the sequence), no longer fit the blocks the allocator
 cached for the shorter steps before; it maps new segments until the card is full, then flushes
 its cache (synchronise, free every unsplit cached segment) and allocates again. Without a pool
-that happens in steps 64 (the loss gradient) and 300 (FlashAttentionGrad's workspace) of this
-window (see tests/test_fragmentation_case.py and docs/memory-fragmentation.md). The test below pre-allocates a pool of 31 GiB, the step's
+that happens in steps 64, 182 and 241 of this window, twice in FlashAttentionGrad's workspace
+(see tests/test_fragmentation_case.py and docs/memory-fragmentation.md; CANN's attention
+kernels exist only on the 910B and later, so on this 910A their workspace is an estimate). The test below pre-allocates a pool of 31 GiB, the step's
 allocated peak rounded up, with PyTorch's ``torch.empty(n, device=...); del`` idiom: the
 allocator keeps that one segment and carves every later tensor out of it, so nothing new is
 mapped and nothing is flushed.

@@ -14,6 +14,7 @@ The comparison and the diagnosis are the plugin's own (:mod:`pytest_oam.compare`
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -21,6 +22,7 @@ import re
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -510,9 +512,15 @@ def compare_profiles(
     Raises:
         ThresholdError: a negative, non-finite or malformed threshold.
         ValueError: the baseline holds no data, was made on other hardware or device count, or
-            has several runs and none (or more than one) matches the current workload.
+            has several runs and none (or more than one) matches the current workload; ``alpha``
+            is not between 0 and 1.
         TypeError: an argument of another type.
+
+    A ``thresholds`` pattern that matches no row is named in the report's reasons (a typo would
+    otherwise leave the gate looser than asked).
     """
+    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
+        raise ValueError(f"alpha must be a significance level between 0 and 1 (exclusive), got {alpha!r}")
     limit = parse_limit(regression_threshold)
     flash = min(DEFAULT_THRESHOLDS["FlashAttention*"], limit)
     memory = min(DEFAULT_THRESHOLDS["memory.*"], limit)  # peak memory keeps the plugin's stricter limit too
@@ -532,6 +540,12 @@ def compare_profiles(
     comparison = compare_run(0, base_run, current_run, resolver, min_delta_s)
     if base_profile is not None and current_profile is not None:
         comparison = apply_significance(comparison, base_profile, current_profile, alpha)
+    rows = {v.op_type for v in comparison.verdicts}
+    unmatched = [p for p in per_op if not any(fnmatchcase(row, p) for row in rows)]
+    if unmatched:
+        note = ("thresholds match no row of this comparison: " + ", ".join(unmatched)
+                + " (op types are case-sensitive: " + ", ".join(sorted(rows)) + ")")
+        comparison = dataclasses.replace(comparison, reasons=[*comparison.reasons, note])
     findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops)
     rules = []
     if current_profile is not None:

@@ -346,14 +346,17 @@ def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
             yield found
 
 
+def _device_calls(op: OpRecord) -> str:
+    return (f"{op.device_frees} device {'free' if op.device_frees == 1 else 'frees'}, {op.device_mallocs} device "
+            f"{'malloc' if op.device_mallocs == 1 else 'mallocs'}")
+
+
 def _stall_evidence(ctx: RuleContext, op: OpRecord) -> str:
     """What the flush did to the op that waited for it, against the same call in the other
     warm steps: its time and, on the compute stream, its DMA/compute overlap."""
     others = [o for o in ctx.profile.ops
               if o.name == op.name and o.step in ctx.warm_steps and not o.alloc_retries]
-    text = (f"in step {op.step} {op.name} ({op.op_type}) waited {op.alloc_stall_s * 1e3:.2f} ms for it "
-            f"({op.device_frees} device {'free' if op.device_frees == 1 else 'frees'}, {op.device_mallocs} device "
-            f"{'malloc' if op.device_mallocs == 1 else 'mallocs'})")
+    text = f"in step {op.step} {op.name} ({op.op_type}) waited {op.alloc_stall_s * 1e3:.2f} ms for it ({_device_calls(op)})"
     if others:
         text += (f" and took {op.duration_s * 1e3:.2f} ms against "
                  f"{statistics.median(o.duration_s for o in others) * 1e3:.2f} ms in the other steps")
@@ -393,11 +396,10 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
         evidence.append(_stall_evidence(ctx, worst_op))
         rest = sorted((o for o in stalled if o is not worst_op), key=lambda o: (o.step, o.start_s))
         if rest:
-            named = ", ".join(
-                f"in step {o.step} {o.name} ({o.op_type}) {o.alloc_stall_s * 1e3:.2f} ms "
-                f"({o.device_frees} device {'free' if o.device_frees == 1 else 'frees'})" for o in rest[:3])
+            named = ", ".join(f"{o.name} ({o.op_type}) in step {o.step}, {o.alloc_stall_s * 1e3:.2f} ms "
+                              f"({_device_calls(o)})" for o in rest[:3])
             more = f" and {len(rest) - 3} more" if len(rest) > 3 else ""
-            evidence.append(f"the other flushes waited: {named}{more}")
+            evidence.append(f"also waited for a flush: {named}{more}")
     evidence.append(f"peak reserved {max(m.reserved_peak_bytes for m in memory) / 2**30:.2f} GiB, up to "
                     f"{max(m.inactive_split_bytes for m in memory) / 2**20:.0f} MiB free inside split blocks")
     severity = grade(gain, ctx.step_time_s) or ("warning" if retry_steps else None)

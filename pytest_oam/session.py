@@ -122,21 +122,30 @@ def _test_files(folder: Path, depth: int = 3, limit: int = 3) -> list[str]:
     return found[:limit]
 
 
-def _check_baseline_dir(folder: Path, must_exist: bool) -> None:
+def _ini_bool(config: pytest.Config, key: str) -> bool:
+    """A boolean ini key; a value pytest cannot read as one is an error naming the key."""
+    try:
+        return bool(config.getini(key))
+    except ValueError as exc:
+        raise _usage(f"{key} (ini): {exc}; use true or false") from None
+
+
+def _check_baseline_dir(folder: Path, must_exist: bool, source: str = "--oam-baseline") -> None:
     """Refuse a baseline folder that cannot be one: a file, a test folder, or (when only
-    gating) a folder that does not exist, where every test would silently have no baseline."""
+    gating) a folder that does not exist, where every test would silently have no baseline.
+    ``source`` names where the folder came from in messages."""
     if folder.exists() and not folder.is_dir():
-        raise _usage(f"--oam-baseline: {folder} is a file, not a baseline folder")
+        raise _usage(f"{source}: {folder} is a file, not a baseline folder")
     if folder.is_dir():
         tests = _test_files(folder)
         if tests:
             raise _usage(
-                f"--oam-baseline: {folder} holds tests ({', '.join(sorted(tests)[:3])}), not baselines; "
+                f"{source}: {folder} holds tests ({', '.join(sorted(tests)[:3])}), not baselines; "
                 "write --oam-baseline=DIR, or put the option after the test paths"
             )
     elif must_exist:
         raise _usage(
-            f"--oam-baseline: baseline folder {folder} does not exist; "
+            f"{source}: baseline folder {folder} does not exist; "
             "create baselines with --oam-save-baseline first"
         )
 
@@ -178,12 +187,14 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
                 )
             baseline_dir = Path(config.invocation_params.dir, value)
     save_dir = (baseline_dir or default_dir) if opt.oam_save_baseline else None
+    from_ini = opt.oam_baseline == "" and "oam_baseline_dir" in config.inicfg  # set, not the default
     for folder in {baseline_dir, save_dir} - {None}:
-        # A folder named on the command line must exist when only gating (a typo would
-        # otherwise turn every test into a green no-baseline); the ini default may not exist
-        # yet, and each test then reports no-baseline.
-        explicit = opt.oam_baseline not in (None, "")
-        _check_baseline_dir(folder, must_exist=explicit and save_dir is None)
+        # A folder named on the command line or in the oam_baseline_dir ini key must exist when
+        # only gating (a typo would otherwise turn every test into a green no-baseline); the
+        # default "baselines" may not exist yet, and each test then reports no-baseline.
+        explicit = opt.oam_baseline not in (None, "") or from_ini
+        _check_baseline_dir(folder, must_exist=explicit and save_dir is None,
+                            source="oam_baseline_dir (ini)" if from_ini else "--oam-baseline")
     cli = _parse_entries(opt.oam_threshold or [], "--oam-threshold")
     ini = _parse_entries(config.getini("oam_thresholds"), "oam_thresholds (ini)")
     if opt.oam_hardware is not None:
@@ -233,8 +244,8 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
         _check_knowledge_base(knowledge_base, "--oam-tuned-limit" if cli_tuned else "oam_tuned_limits (ini)")
     return OamSettings(
         baseline_dir, save_dir, cli, ini, hardware, reports,
-        strict=bool(opt.oam_strict or config.getini("oam_strict")),
-        fail_on_improvement=bool(opt.oam_fail_on_improvement or config.getini("oam_fail_on_improvement")),
+        strict=bool(opt.oam_strict or _ini_bool(config, "oam_strict")),
+        fail_on_improvement=bool(opt.oam_fail_on_improvement or _ini_bool(config, "oam_fail_on_improvement")),
         prune=prune, disabled_rules=disabled, rule_thresholds=rule_thresholds, rules=rules,
         collect=collect, record=record, record_dir=record_dir,
         cli_tuned_limits=cli_tuned, ini_tuned_limits=ini_tuned, knowledge_base=knowledge_base,

@@ -799,41 +799,57 @@ COST_MODELS: dict[str, CostModel] = {
 }
 
 
-def _workspace_term(size_bytes: int, alignment: int) -> int:
-    # CANN's tiling aligns each term as (x + 512) / 512 * 512: a whole 512 B more when x is aligned
-    return (size_bytes // alignment + 1) * alignment
+def _place(offset: int, size: int, alignment: int) -> int:
+    # CANN's tiling places each workspace part at (offset + size + GM_ALIGN) / GM_ALIGN * GM_ALIGN
+    return (offset + size + alignment) // alignment * alignment
 
 
 def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
-    """Device workspace the op's kernel asks for (``aclnn*GetWorkspaceSize``), in bytes; 0 for
-    ops without a workspace model or when ``hw.workspace`` is None.
+    """Device workspace the op's kernel asks for (``aclnn*GetWorkspaceSize``), in bytes.
 
-    FlashAttention (q (B, N, S_q, D), k (B, N_kv, S_kv, D)): per vector core, the score blocks
-    (``flash_attention_score_blocks`` x block rows x block cols, fp32, two copies, three when
-    S_kv is not a multiple of 64) and the fp32 output buffers, plus a fixed reserve; it does not
-    grow with the sequence. FlashAttentionGrad: the fp32 dq, dk and dv accumulators (full
-    tensors), the softmax gradient, per-core matmul buffers, a sync buffer and a reserve; it grows
-    linearly with S. The formulas and their source are in the hardware file's ``workspace`` group.
+    Modelled for the fused attention kernels (``attrs`` ``fusion`` true, the default) with 16-bit
+    inputs, q (B, N, S_q, D) and k, v (B, N_kv, S_kv, D), each inside the CANN tiling template
+    its formula comes from (constants and sources in the hardware file's ``workspace`` group):
+
+    - FlashAttention, template S1s2Bn2gs1 (D above 64, S_kv above 1,024): per vector core the
+      fp32 score blocks (two copies, three when S_kv is not a multiple of 64) and output
+      buffers, plus a 16 MiB reserve; it does not grow with the sequence.
+    - FlashAttentionGrad, template SameAb with 512 x 512 blocks (S_q and S_kv from 2,048): the
+      fp32 dq, dk and dv accumulators (full tensors), the softmax gradient, per-core matmul
+      blocks, an attention-sink term and three 20 MiB buffers; it grows linearly with S.
+
+    Returns 0 for every other op, shape or dtype, for the unfused path (separate kernels), and
+    when ``hw.workspace`` is None: not modelled, not known to be zero.
     """
     ws = hw.workspace
-    if ws is None or spec.op_type not in ("FlashAttention", "FlashAttentionGrad"):
+    if (ws is None or spec.op_type not in ("FlashAttention", "FlashAttentionGrad")
+            or spec.dtype not in ("fp16", "bf16") or not spec.attr("fusion", True)):
         return 0
     (b, n, s_q, d), (_, n_kv, s_kv, _) = spec.shapes[0], spec.shapes[1]
     cores = hw.ai_core.vector_core_count
     fp32 = 4
+    d_align = _round_up(d, ws.flash_attention_head_dim_alignment)
     if spec.op_type == "FlashAttention":
+        if s_kv <= ws.flash_attention_min_kv_len or d <= ws.flash_attention_min_head_dim:
+            return 0
         copies = (ws.flash_attention_score_copies if s_kv % ws.flash_attention_kv_alignment == 0
                   else ws.flash_attention_score_copies_unaligned)
         score = ws.flash_attention_score_blocks * ws.flash_attention_block_rows * ws.flash_attention_block_cols * fp32
-        out = (ws.flash_attention_output_buffers * ws.flash_attention_block_rows
-               * _round_up(d, ws.flash_attention_head_dim_alignment) * fp32)
+        out = ws.flash_attention_output_buffers * ws.flash_attention_block_rows * d_align * fp32
         return (score * copies + out) * cores + ws.flash_attention_reserve_bytes
-    align = ws.term_alignment_bytes
+    if min(s_q, s_kv) < ws.flash_attention_grad_min_seq_len:
+        return 0
+    align, buffer = ws.gm_alignment_bytes, ws.flash_attention_grad_buffer_bytes
     total = ws.flash_attention_grad_sync_bytes
-    total = _workspace_term(total + fp32 * (b * n * s_q * d + 2 * b * n_kv * s_kv * d), align)
-    total = _workspace_term(total + ws.flash_attention_grad_softmax_bytes_per_row * b * n * s_q, align)
-    total = _workspace_term(total + ws.flash_attention_grad_block_bytes_per_core * cores, align)
-    return _workspace_term(total + ws.flash_attention_grad_reserve_bytes, align)
+    for elements in (b * n * s_q * d_align, b * n_kv * s_kv * d_align, b * n_kv * s_kv * d_align):  # dq, dk, dv
+        total = _place(total, elements * fp32, align)
+    total += _round_up(ws.flash_attention_grad_softmax_bytes_per_row * b * n * s_q, align)
+    blocks = cores * ws.flash_attention_grad_block_rows * ws.flash_attention_grad_block_cols * fp32
+    total = _place(total, blocks * ws.flash_attention_grad_block_copies, align) + buffer
+    pad = ws.flash_attention_grad_sink_pad
+    sink = b * n * _round_up(s_q, pad) * _round_up(s_kv, pad) // ws.flash_attention_grad_sink_block_elements * fp32
+    total = _place(total, sink, align) + buffer
+    return _place(total, 4, align) + buffer  # the sink sum's int32
 
 
 def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:

@@ -134,10 +134,17 @@ class WorkspaceSpec(_Group):
 
     With torch_npu's default task queue (``TASK_QUEUE_ENABLE`` 0 or 1) the workspace is a
     temporary tensor of the caching allocator: allocated after the op's outputs, right before
-    the kernel is queued, and freed once it is. The constants are the tiling parameters of
-    CANN's FlashAttentionScore and FlashAttentionScoreGrad kernels (software facts).
+    the kernel is queued, and freed once it is. The constants are the tiling parameters of one
+    template of CANN's FlashAttentionScore and one of FlashAttentionScoreGrad (software facts);
+    shapes outside those templates' domain get no workspace model (see
+    :func:`simulator.costs.op_workspace_bytes`).
     """
 
+    flash_attention_min_kv_len: PositiveInt = Field(
+        description="The forward template (S1s2Bn2gs1) serves key lengths above this; shorter ones use "
+        "another template, not modelled")
+    flash_attention_min_head_dim: PositiveInt = Field(
+        description="Head dims up to this use fewer output buffers (not modelled)")
     flash_attention_block_rows: PositiveInt = Field(description="s1BasicBlock: query rows per score block")
     flash_attention_block_cols: PositiveInt = Field(description="s2BasicBlock: key columns per score block")
     flash_attention_score_blocks: PositiveInt = Field(
@@ -147,16 +154,25 @@ class WorkspaceSpec(_Group):
         description="Copies when the key length is not a multiple of flash_attention_kv_alignment")
     flash_attention_kv_alignment: PositiveInt = Field(description="Key length alignment of the two-copy case")
     flash_attention_output_buffers: PositiveInt = Field(
-        description="fp32 buffers of (block rows x head dim) per vector core (SPACE_NUM_4)")
-    flash_attention_head_dim_alignment: PositiveInt
-    flash_attention_reserve_bytes: NonNegativeInt = Field(description="WORK_SPACE_RESERVE_SIZE")
-    flash_attention_grad_sync_bytes: NonNegativeInt = Field(description="Cross-core synchronisation buffer")
+        description="fp32 buffers of (block rows x aligned head dim) per vector core (SPACE_NUM_4)")
+    flash_attention_head_dim_alignment: PositiveInt = Field(
+        description="Head dim alignment of the output buffers and of the backward's fp32 dq, dk, dv (elements)")
+    flash_attention_reserve_bytes: NonNegativeInt = Field(description="WORK_SPACE_RESERVE_SIZE, added once")
+    flash_attention_grad_min_seq_len: PositiveInt = Field(
+        description="The backward template (S1s2Bn2gs1s2SameAb) uses 512 x 512 blocks from this length of "
+        "both sequences; shorter ones: not modelled")
+    flash_attention_grad_sync_bytes: NonNegativeInt = Field(description="MUL_CORE_SYNC_BUFFER, the first term")
     flash_attention_grad_softmax_bytes_per_row: NonNegativeInt = Field(
-        description="Softmax-gradient bytes per (batch, head, query row)")
-    flash_attention_grad_block_bytes_per_core: NonNegativeInt = Field(
-        description="Matmul result buffers per vector core (512 x 512 fp32, two copies)")
-    flash_attention_grad_reserve_bytes: NonNegativeInt
-    term_alignment_bytes: PositiveInt = Field(description="Each workspace term is rounded up to this")
+        description="Softmax-gradient bytes per (batch, head, query row): SOFTMAX_REDUCE_SIZE x fp32")
+    flash_attention_grad_block_rows: PositiveInt = Field(description="s1CvInner")
+    flash_attention_grad_block_cols: PositiveInt = Field(description="s2CvInner")
+    flash_attention_grad_block_copies: PositiveInt = Field(description="MATMUL_INPUT_NUM: fp32 blocks per vector core")
+    flash_attention_grad_buffer_bytes: NonNegativeInt = Field(description="WORKSPACE_BUFFER, added after each part")
+    flash_attention_grad_sink_pad: PositiveInt = Field(description="Sequence padding of the attention-sink term")
+    flash_attention_grad_sink_block_elements: PositiveInt = Field(
+        description="baseMN: score elements per fp32 value of the attention-sink term")
+    gm_alignment_bytes: PositiveInt = Field(
+        description="GM_ALIGN: the backward's terms are placed at (offset + size + this) // this x this")
 
 
 class ProfilerSpec(_Group):

@@ -9,6 +9,7 @@ with :meth:`NPU.from_numpy`: those carry data, and operators on them compute the
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import math
@@ -16,7 +17,7 @@ import numbers
 import os
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +26,7 @@ from . import __version__ as SIMULATOR_VERSION
 from . import callbacks as _callbacks
 from . import numerics
 from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
-from .costs import OpCost, OpSpec, conv_output_hw, op_cost, op_workspace_bytes
+from .costs import COST_MODELS, OpCost, OpSpec, conv_output_hw, op_cost, op_workspace_bytes
 from .hardware import HardwareSpec, load_hardware
 from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory, build_record
 from .units import DTYPE_BYTES
@@ -216,6 +217,25 @@ def _make_record(
     })
 
 
+def _check_scale(op_time_scale: dict[str, float] | None, known: Collection[str]) -> dict[str, float]:
+    """``op_time_scale`` checked: every factor positive and finite, every key an op type in
+    ``known`` (a typo would otherwise scale nothing, and a gate test would pass for the wrong
+    reason).
+
+    Raises:
+        ValueError: a factor that is not a positive number, or an unknown op type.
+    """
+    scale = dict(op_time_scale or {})
+    for op_type, factor in scale.items():
+        if op_type not in known:
+            near = difflib.get_close_matches(str(op_type), sorted(known), n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]!r}? op types are case-sensitive)" if near else ""
+            raise ValueError(f"op_time_scale: {op_type!r} is not an op type{hint}")
+        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"op_time_scale[{op_type!r}] must be a positive number, got {factor!r}")
+    return scale
+
+
 def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[str, float] | None = None) -> Profile:
     """The recorded op sequence of ``profile`` simulated again on ``hardware`` (a what-if).
 
@@ -238,7 +258,7 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
     if profile.op_summaries:
         raise ValueError("a focused profile keeps only some op records (the rest are aggregated without shapes); "
                          "re-simulating needs the full op sequence")
-    scale = dict(op_time_scale or {})
+    scale = _check_scale(op_time_scale, {op.op_type for op in profile.ops})
     overhead_s = spec_hw.profiler.online_callback_overhead_s if profile.collection == "online" else 0.0
     cache: dict[OpSpec, OpCost] = {}
     records: list[OpRecord] = []
@@ -375,10 +395,7 @@ class NPU:
         self.hardware = hardware
         self.devices = devices
         self.rank = 0
-        self._scale = dict(op_time_scale or {})
-        for op_type, factor in self._scale.items():
-            if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
-                raise ValueError(f"op_time_scale[{op_type!r}] must be a positive number, got {factor!r}")
+        self._scale = _check_scale(op_time_scale, COST_MODELS)
         self._records: list[OpRecord] = []
         self._cost_cache: dict[OpSpec, OpCost] = {}
         self._workspace_cache: dict[OpSpec, int] = {}
@@ -693,14 +710,14 @@ class NPU:
             self._pending_device_frees += event.device_frees
             self._pending_device_mallocs += event.device_mallocs
 
-    def _workspace(self, op_type: str, inputs: Sequence[Tensor], dtype: str) -> None:
+    def _workspace(self, op_type: str, inputs: Sequence[Tensor], dtype: str, fusion: bool) -> None:
         """The kernel's workspace (:func:`simulator.costs.op_workspace_bytes`), as torch_npu's
         default task queue takes it: a caching-allocator block allocated after the op's outputs,
         right before the kernel is queued, and freed once it is. Its stall (a device malloc, or a
         flush and retry) is charged to the op just emitted."""
         if self.allocator is None:
             return
-        spec = OpSpec(op_type, tuple(t.shape for t in inputs), dtype)
+        spec = OpSpec(op_type, tuple(t.shape for t in inputs), dtype, (("fusion", bool(fusion)),))
         size = self._workspace_cache.get(spec)
         if size is None:
             size = self._workspace_cache[spec] = op_workspace_bytes(spec, self.hardware)
@@ -981,7 +998,7 @@ class NPU:
             values, checks = self._compute("FlashAttention", (q, k, v), q.dtype, q.shape, attrs)
         self._emit("FlashAttention", (q, k, v), q.dtype, name, attrs, checks=checks)
         out = self._out(q.shape, q.dtype, values)
-        self._workspace("FlashAttention", (q, k, v), q.dtype)
+        self._workspace("FlashAttention", (q, k, v), q.dtype, fusion)
         return out
 
     def flash_attention_grad(
@@ -1008,7 +1025,7 @@ class NPU:
         attrs = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": bool(fusion), "causal": bool(causal)}
         self._emit("FlashAttentionGrad", (q, k, v, dout), q.dtype, name, attrs)
         grads = self._out(q.shape, q.dtype), self._out(k.shape, k.dtype), self._out(v.shape, v.dtype)
-        self._workspace("FlashAttentionGrad", (q, k, v, dout), q.dtype)
+        self._workspace("FlashAttentionGrad", (q, k, v, dout), q.dtype, fusion)
         return grads
 
     @staticmethod

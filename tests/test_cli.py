@@ -145,6 +145,18 @@ def test_compare_per_op_threshold_and_version(tmp_path, capsys) -> None:
     assert f"simulator {simulator.__version__}" in capsys.readouterr().out
 
 
+def test_compare_names_a_threshold_that_matches_nothing_and_checks_alpha(tmp_path, capsys) -> None:
+    # Regression (newcomer): a mistyped pattern left the gate at its default limit, silently
+    oam_cmd(capsys, "baseline", "create", *FAST, "-o", tmp_path / "b.json")
+    code, out, _ = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "b.json",
+                           "--threshold", "Flashattention=1%")
+    assert code == 0
+    assert "note: thresholds match no row of this comparison: Flashattention (op types are case-sensitive: " in out
+    for alpha in ("0", "1", "-1", "2"):
+        code, _, err = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "b.json", "--alpha", alpha)
+        assert code == 2 and "--alpha must be a significance level between 0 and 1" in err
+
+
 def test_empty_baseline_is_invalid(tmp_path, capsys) -> None:
     oam_cmd(capsys, "baseline", "create", *FAST, "-o", tmp_path / "b.json")
     data = json.loads((tmp_path / "b.json").read_text())

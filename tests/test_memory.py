@@ -309,9 +309,11 @@ def test_llama_step_memory_follows_a_training_loop() -> None:
     assert [m.allocated_end_bytes for m in profile.memory] == [pytest.approx(persistent, abs=3 * 2 * MiB)] * 3
     estimate = memory_per_card_bytes(LLAMA2_7B, ParallelLayout(4, 2), 1, 4096)
     peaks = [m.allocated_peak_bytes for m in profile.memory]
-    # every step frees what it made; the attention workspaces (freed after each kernel) may take
-    # other cached blocks from one step to the next, and a block not split counts whole
-    assert peaks[1] == peaks[2] == pytest.approx(peaks[0], abs=8 * MiB)
+    # every step frees what it made: the steps on a warm cache peak alike. The first step maps its
+    # segments as it goes, so the attention workspaces (allocated and freed around each kernel)
+    # get other blocks there, and a block not split counts whole: its peak was 7.0 MiB higher
+    # (25,939,806,720 against 25,932,469,760 B in simulator 0.6.0; equal without workspaces)
+    assert peaks[1] == peaks[2] and 0 <= peaks[0] - peaks[1] <= 8 * MiB
     assert peaks[0] == pytest.approx(estimate, rel=0.05)
     # the cache is warm after the first step: no device malloc, no stall
     assert [m.device_mallocs for m in profile.memory][1:] == [0, 0]

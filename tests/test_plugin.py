@@ -265,6 +265,28 @@ def test_baseline_dir_option_and_ini(pytester) -> None:
     assert (pytester.path / "elsewhere" / baseline_filename(NODEID)).exists()
 
 
+def test_a_missing_ini_baseline_dir_is_an_error_when_only_gating(pytester) -> None:
+    # Regression (newcomer): a typo in oam_baseline_dir turned every test into a green
+    # no-baseline; the default folder may still be missing on a first run
+    make_test(pytester)
+    pytester.makeini("[pytest]\noam_baseline_dir = perf/bsae\n")
+    result = pytester.runpytest("--oam-baseline")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*oam_baseline_dir (ini): baseline folder *perf/bsae does not exist*"])
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)  # saving creates it
+    pytester.makeini("[pytest]\n")
+    pytester.runpytest("--oam-baseline").assert_outcomes(passed=1)  # the default: no-baseline
+
+
+@pytest.mark.parametrize("key", ["oam_strict", "oam_fail_on_improvement"])
+def test_a_bad_boolean_ini_value_names_its_key(pytester, key) -> None:
+    make_test(pytester)
+    pytester.makeini(f"[pytest]\n{key} = maybe\n")
+    result = pytester.runpytest("--oam-baseline")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{key} (ini): *maybe*use true or false*"])
+
+
 def test_hardware_from_marker_and_option(pytester) -> None:
     pytester.makepyfile(
         test_hw="""

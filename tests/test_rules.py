@@ -125,6 +125,24 @@ def test_frequent_alloc_and_retries() -> None:
     assert [m.alloc_retries for m in profile.memory] == [0, 1]
 
 
+def test_frequent_alloc_names_the_other_flushes() -> None:
+    sizes = iter([20, 21, 22, 23, 24, 25])
+
+    def work(npu):
+        big = npu.tensor((next(sizes), GiB // 2))  # one more GiB every step: the cached segment must go
+        small = npu.tensor((1024, 1024))
+        npu.add(small, small, name="stalled")
+        del big
+
+    found, profile = findings(work, steps=6, memory=True)
+    f = only(found, "frequent-alloc")
+    assert [m.alloc_retries for m in profile.memory] == [0, 1, 1, 1, 1, 1]
+    # the worst stall is described in full, three of the other four are named, one is counted
+    assert f.description.count("stalled (Add) in step ") == 3
+    assert "also waited for a flush: stalled (Add) in step " in f.description
+    assert "(2 device frees, 2 device mallocs) and 1 more;" in f.description
+
+
 def test_comm_share() -> None:
     def work(npu):
         npu.all_reduce(npu.tensor((64 << 20,)))  # 128 MiB over 8 cards

@@ -8,6 +8,7 @@ import simulator
 from simulator import Profile, ShapeError
 from simulator.models import LLAMA2_7B, LLAMA2_70B, ParallelLayout, training_step
 from simulator.models.llama import memory_per_card_bytes
+from simulator.runtime import recost
 
 
 def two_ops(npu, n=1024):
@@ -38,6 +39,16 @@ def test_fingerprint_depends_on_shapes_not_on_timing() -> None:
     base = simulator.run(two_ops).workload_fingerprint
     assert simulator.run(two_ops, op_time_scale={"MatMul": 2.0}).workload_fingerprint == base
     assert simulator.run(two_ops, n=2048).workload_fingerprint != base
+
+
+def test_op_time_scale_names_an_unknown_op_type() -> None:
+    # Regression (newcomer): a mistyped op type scaled nothing, so a gate test passed for the
+    # wrong reason
+    with pytest.raises(ValueError, match=r"op_time_scale: 'Matmul' is not an op type \(did you mean 'MatMul'\?"):
+        simulator.run(two_ops, op_time_scale={"Matmul": 1.5})
+    profile = simulator.run(two_ops)
+    with pytest.raises(ValueError, match=r"op_time_scale: 'Conv2D' is not an op type"):
+        recost(profile, "ascend910b", op_time_scale={"Conv2D": 2.0})  # not in this profile
 
 
 def test_op_time_scale_slows_only_that_op() -> None:
