@@ -102,14 +102,31 @@ def _advice(
     return tips
 
 
-def _memory_finding(v) -> Finding:
-    """A regression of peak device memory, of allocator time or of cache flushes."""
+def _flush_sites(profile: Profile | None) -> str:
+    """Where the flushes of ``profile``'s warm steps stalled: step, op, wait and call site."""
+    if profile is None:
+        return ""
+    from .compare import warm_steps
+
+    warm = warm_steps(profile.steps)
+    stalled = [op for op in profile.ops if op.alloc_retries and op.step in warm]
+    if not stalled:
+        return ""
+    named = "; ".join(f"step {op.step}: {op.name} ({op.op_type}) waited {op.alloc_stall_s * 1e3:.2f} ms"
+                      + (f" at {op.source}" if op.source else "") for op in stalled[:3])
+    more = f"; and {len(stalled) - 3} more" if len(stalled) > 3 else ""
+    return f"; the flushes stalled {named}{more}"
+
+
+def _memory_finding(v, profile: Profile | None = None) -> Finding:
+    """A regression of peak device memory, of allocator time or of cache flushes (with the ops
+    the flushes stalled, when ``profile`` is given)."""
     if v.unit == "count":
         from .report import fmt_value
 
         what = (f"allocations that flushed the caching allocator's cache and retried: {fmt_value(v.baseline_s, 'count')}"
                 f" -> {fmt_value(v.current_s, 'count')} (each flush synchronises the device and frees every unsplit "
-                "cached segment, then the next allocations call aclrtMalloc again)")
+                f"cached segment, then the next allocations call aclrtMalloc again){_flush_sites(profile)}")
         tip = ("the cache fragments until a new segment no longer fits: sizes that change from step to step leave "
                "cached blocks no later tensor fits; pre-allocate a pool for those tensors, use expandable_segments, "
                "or pad sizes to a few buckets")
@@ -155,7 +172,7 @@ def diagnose(
         if v.status != "regressed" or v.baseline_s is None or v.current_s is None or v.op_type == "step":
             continue
         if v.unit in ("bytes", "count") or v.op_type == "alloc_time":
-            findings.append(_memory_finding(v))
+            findings.append(_memory_finding(v, profile))
             continue
         delta = v.current_s - v.baseline_s
         share = delta / step_s if step_s > 0 else 0.0

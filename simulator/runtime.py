@@ -119,14 +119,31 @@ def _keep_alive(*_: object) -> None:
     """Finalizer of a view: holding its base tensor as an argument keeps the base alive."""
 
 
+#: Modules whose frames are library code, not the user's: the simulator and the pytest plugin.
+_LIBRARY_PACKAGES = ("simulator", "pytest_oam")
+
+
+def _is_library(frame) -> bool:
+    name = frame.f_globals.get("__name__", "")
+    return name.split(".", 1)[0] in _LIBRARY_PACKAGES
+
+
 def _call_site() -> str | None:
-    """``file:line`` of the first frame outside this module (the user's call)."""
+    """``file:line`` of the first frame outside this module (the call that issued the op). When
+    that frame is library code (a bundled model builder such as ``training_step``), the first
+    frame of the user's code that led to it comes first: ``user.py:12 (in .../llama.py:379)``."""
     frame = sys._getframe(2)
     while frame is not None and os.path.normcase(frame.f_code.co_filename) == _RUNTIME_FILE:
         frame = frame.f_back
     if frame is None:
         return None
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    if not _is_library(frame):
+        return site
+    user = frame.f_back
+    while user is not None and _is_library(user):
+        user = user.f_back
+    return site if user is None else f"{user.f_code.co_filename}:{user.f_lineno} (in {site})"
 
 
 def _overlap(overlapped_s: float, overlappable_s: float, stall_s: float) -> float:
