@@ -35,6 +35,7 @@ from .compare import (
     RunComparison,
     Verdict,
     apply_significance,
+    check_alpha,
     compare_run,
     summarize,
 )
@@ -519,8 +520,7 @@ def compare_profiles(
     A ``thresholds`` pattern that matches no row is named in the report's reasons (a typo would
     otherwise leave the gate looser than asked).
     """
-    if not (isinstance(alpha, (int, float)) and 0 < alpha < 1):
-        raise ValueError(f"alpha must be a significance level between 0 and 1 (exclusive), got {alpha!r}")
+    check_alpha(alpha)  # before any work, whether or not the significance test runs
     limit = parse_limit(regression_threshold)
     flash = min(DEFAULT_THRESHOLDS["FlashAttention*"], limit)
     memory = min(DEFAULT_THRESHOLDS["memory.*"], limit)  # peak memory keeps the plugin's stricter limit too

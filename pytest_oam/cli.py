@@ -281,8 +281,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from .api import compare_profiles, load_any
     from .thresholds import parse_entry
 
-    if not 0 < args.alpha < 1:
-        raise ValueError(f"--alpha must be a significance level between 0 and 1 (exclusive), got {args.alpha:g}")
     default, per_op = "10%", {}
     for entry in args.threshold:
         if "=" in entry:

@@ -286,6 +286,12 @@ SIGNIFICANCE_MIN_SAMPLES = 5
 SIGNIFICANCE_ALPHA = 0.05
 
 
+def check_alpha(alpha: object) -> None:
+    """Raise ``ValueError`` unless ``alpha`` is a significance level strictly between 0 and 1."""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"alpha must be between 0 and 1, got {alpha!r}")
+
+
 def apply_significance(comparison: RunComparison, baseline: Profile, current: Profile,
                        alpha: float = SIGNIFICANCE_ALPHA,
                        min_samples: int = SIGNIFICANCE_MIN_SAMPLES) -> RunComparison:
@@ -302,8 +308,7 @@ def apply_significance(comparison: RunComparison, baseline: Profile, current: Pr
     Raises:
         ValueError: ``alpha`` not in (0, 1) or ``min_samples`` < 2.
     """
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be between 0 and 1, got {alpha!r}")
+    check_alpha(alpha)
     if not isinstance(min_samples, int) or min_samples < 2:
         raise ValueError(f"min_samples must be an integer >= 2, got {min_samples!r}")
     from scipy.stats import mannwhitneyu

@@ -99,7 +99,7 @@ def test_api_and_plugin_give_the_same_numbers(pytester, monkeypatch) -> None:
         (lambda: oam.compare_profiles(None, None, regression_threshold=-0.05), ThresholdError,
          r"limit -0.05 is negative"),
         (lambda: oam.compare_profiles(None, None, alpha=1.5), ValueError,
-         r"alpha must be a significance level between 0 and 1 \(exclusive\), got 1.5"),
+         r"alpha must be between 0 and 1, got 1.5"),
     ],
 )
 def test_bad_input_names_the_value_and_the_choices(call, error, message) -> None:

@@ -154,7 +154,7 @@ def test_compare_names_a_threshold_that_matches_nothing_and_checks_alpha(tmp_pat
     assert "note: thresholds match no row of this comparison: Flashattention (op types are case-sensitive: " in out
     for alpha in ("0", "1", "-1", "2"):
         code, _, err = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "b.json", "--alpha", alpha)
-        assert code == 2 and "--alpha must be a significance level between 0 and 1" in err
+        assert code == 2 and "oam compare: error: alpha must be between 0 and 1, got " in err
 
 
 def test_empty_baseline_is_invalid(tmp_path, capsys) -> None:
