@@ -74,7 +74,7 @@ MODEL_PARAMETERS: dict[str, tuple[type, str]] = {
     "batch_size": (int, "micro-batch per data-parallel replica (default 1)"),
     "tensor_parallel": (int, ("Megatron tensor-parallel size; data parallelism takes the other cards "
                              "(default: one HCCS group, as far as the heads allow)")),
-    "dtype": (str, "compute dtype: fp16, or bf16 on the 910B (default fp16)"),
+    "dtype": (str, "compute dtype: fp16, fp32, or bf16 on the 910B (default fp16)"),
     "block_size": (int, "FlashAttention block, a multiple of 16 (default 128)"),
     "pipeline_stages": (int, ("FlashAttention buffers in flight, i.e. DMA/compute overlap inside the "
                              "kernel; not pipeline parallelism (default 2)")),
@@ -123,7 +123,12 @@ def _check_params(model: str, params: dict[str, object], hardware: str, devices:
             raise ValueError(f"parameter {name} must be a string, got {value!r}")
         kwargs[name] = value
     if "dtype" in kwargs:
+        from simulator.models.llama import TRAINING_DTYPES
+
         rates = load_hardware(hardware).cube_unit.macs_per_cycle_per_core
+        if kwargs["dtype"] not in TRAINING_DTYPES:
+            raise ValueError(f"parameter dtype {kwargs['dtype']!r} is not a training dtype; "
+                             f"use one of {', '.join(TRAINING_DTYPES)}")
         if kwargs["dtype"] not in rates:
             raise ValueError(f"parameter dtype {kwargs['dtype']!r} has no Cube rate on {hardware}; "
                              f"known: {', '.join(sorted(rates))}")

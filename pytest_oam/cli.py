@@ -79,6 +79,16 @@ def _param(text: str) -> tuple[str, object]:
     return key.strip(), value
 
 
+def _params(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """The ``--param`` pairs as a dict; a key given twice is an error, not the last one winning."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"--param {key} is given twice ({out[key]!r} and {value!r})")
+        out[key] = value
+    return out
+
+
 def _output_option(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("-o", "--output", required=True, type=_output_path, metavar="FILE",
                         help=f"where to write the {what} (folders are created)")
@@ -242,7 +252,7 @@ def _cmd_baseline_create(args: argparse.Namespace) -> int:
     baseline = ProfileBaseline.create(model=args.model, dataset=_dataset(args.dataset), hardware=args.hardware,
                                       tag=args.tag, steps=args.steps, seed=args.seed,
                                       max_seq_len=args.max_seq_len, seq_len=args.seq_len,
-                                      params=dict(args.param))
+                                      params=_params(args.param))
     baseline.collect()
     baseline.save(args.output)
     run = baseline.run
@@ -269,12 +279,18 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     _refuse_overwrite(args.output, args.force)
     profile = collect_profile(args.model, _dataset(args.dataset), hardware=args.hardware, steps=args.steps,
                               seed=args.seed, max_seq_len=args.max_seq_len, focus=args.focus,
-                              context_ops=args.context_ops, seq_len=args.seq_len, params=dict(args.param))
+                              context_ops=args.context_ops, seq_len=args.seq_len, params=_params(args.param))
     save_profile(profile, args.output)
     kept = f", {len(profile.op_summaries)} summaries" if profile.focus else ""
     print(f"wrote {args.output}: {profile.hardware} x {profile.devices}, {profile.steps} steps, "
           f"{len(profile.ops)} op records{kept}")
     return EXIT_OK
+
+
+def _min_delta_s(min_delta_us: float) -> float:
+    if not min_delta_us >= 0 or min_delta_us == float("inf"):
+        raise ValueError(f"--min-delta-us must be a finite number >= 0, got {min_delta_us:g}")
+    return min_delta_us * 1e-6
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -290,7 +306,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             default = entry
     report = compare_profiles(load_any(args.baseline), load_any(args.current), regression_threshold=default,
                               thresholds=per_op,
-                              min_delta_s=None if args.min_delta_us is None else args.min_delta_us * 1e-6,
+                              min_delta_s=None if args.min_delta_us is None else _min_delta_s(args.min_delta_us),
                               alpha=args.alpha)
     print({"text": report.to_text, "json": report.to_json, "markdown": report.to_markdown}[args.format]())
     return EXIT_FAILED if report.status in FAILING_STATUSES else EXIT_OK
@@ -303,7 +319,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
     axes = parse_axes(args.op, args.axis)
     dtypes = list(dict.fromkeys(args.dtype or ["fp16"]))
-    attrs = check_attrs(args.op, dict(args.param))
+    attrs = check_attrs(args.op, _params(args.param))
     if args.plot:
         check_plot(args.plot, axes, dtypes, args.force)  # before the sweep, not after
     results = run_sweep(args.op, axes, dtypes, args.hardware, attrs)

@@ -121,7 +121,7 @@ def test_booleans_and_bad_params(tmp_path, capsys) -> None:
     assert _param("fusion=yes")[1] is True
     code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "fusion=maybe", "-o", tmp_path / "p.json")
     assert code == 2 and "parameter fusion must be true or false, got 'maybe'" in err
-    code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "dtype=int4", "-o", tmp_path / "p.json")
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "dtype=bf16", "-o", tmp_path / "p.json")
     assert code == 2 and "has no Cube rate on ascend910" in err
     code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "seq_len=100", "-o", tmp_path / "p.json")
     assert code == 2 and "unknown parameter 'seq_len'" in err
@@ -155,6 +155,22 @@ def test_compare_names_a_threshold_that_matches_nothing_and_checks_alpha(tmp_pat
     for alpha in ("0", "1", "-1", "2"):
         code, _, err = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "b.json", "--alpha", alpha)
         assert code == 2 and "oam compare: error: alpha must be between 0 and 1, got " in err
+
+
+def test_collect_refuses_a_repeated_param_and_a_non_training_dtype(tmp_path, capsys) -> None:
+    # Regressions (newcomer): the last --param won silently; dtype=int8 wrote an int8 training profile
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "block_size=64", "--param", "block_size=128",
+                           "-o", tmp_path / "a.json")
+    assert code == 2 and "--param block_size is given twice (64 and 128)" in err
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "--param", "dtype=int8", "-o", tmp_path / "b.json")
+    assert code == 2 and "dtype 'int8' is not a training dtype; use one of fp16, bf16, fp32" in err
+    assert not (tmp_path / "a.json").exists() and not (tmp_path / "b.json").exists()
+
+
+def test_compare_names_the_min_delta_option(tmp_path, capsys) -> None:
+    oam_cmd(capsys, "baseline", "create", *FAST, "-o", tmp_path / "b.json")
+    code, _, err = oam_cmd(capsys, "compare", tmp_path / "b.json", tmp_path / "b.json", "--min-delta-us", "-5")
+    assert code == 2 and "--min-delta-us must be a finite number >= 0, got -5" in err
 
 
 def test_empty_baseline_is_invalid(tmp_path, capsys) -> None:

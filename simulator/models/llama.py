@@ -152,6 +152,10 @@ def memory_per_card_bytes(config: LlamaConfig, layout: ParallelLayout, batch_siz
     return int(weights_and_grads + optimizer + activations + logits)
 
 
+#: Compute dtypes :func:`training_step` trains in (bf16 needs a Cube unit with a bf16 rate: the 910B).
+TRAINING_DTYPES = ("fp16", "bf16", "fp32")
+
+
 def training_step(
     npu: NPU,
     config: LlamaConfig = LLAMA2_7B,
@@ -183,10 +187,13 @@ def training_step(
     simulating one micro-batch of the stage on a scratch card first.
 
     Raises:
-        ValueError: the layout does not match ``npu.devices``, does not divide the heads or the
+        ValueError: ``dtype`` is not one of :data:`TRAINING_DTYPES`, the layout does not match
+            ``npu.devices``, does not divide the heads or the
             layers, or the step does not fit in one card's HBM (the message gives both sizes).
     """
     hw = npu.hardware
+    if dtype not in TRAINING_DTYPES:
+        raise ValueError(f"{config.name}: dtype {dtype!r} is not a training dtype; use one of {', '.join(TRAINING_DTYPES)}")
     if layout is None:
         layout = ParallelLayout.default_for(config, npu.devices, hw.interconnect.hccs_group_size)
     if layout.devices != npu.devices:
