@@ -448,10 +448,41 @@ class _Block:
 
 @dataclass(eq=False, slots=True)
 class _Stat:
+    """One counter of ``torch.npu.memory_stats()``: current value, peak, and the running total
+    of its increases (``allocated``). The running total of its decreases, ``freed``, is
+    ``allocated - current``: every change moves ``current`` and one of the two totals."""
+
     current: int = 0
     peak: int = 0
     allocated: int = 0
-    freed: int = 0
+
+    @property
+    def freed(self) -> int:
+        return self.allocated - self.current
+
+
+def _grow(stats: tuple[_Stat, ...], amount: int) -> None:
+    """Raise the counters ``stats`` by ``amount`` (>= 0): current, peak and running total."""
+    for stat in stats:
+        current = stat.current + amount
+        stat.current = current
+        stat.allocated += amount
+        if current > stat.peak:  # noqa: PLR1730 (not max(): a comparison costs less than a call here)
+            stat.peak = current
+
+
+def _shrink(stats: tuple[_Stat, ...], amount: int) -> None:
+    """Lower the counters ``stats`` by ``amount`` (>= 0); their ``freed`` totals follow."""
+    for stat in stats:
+        stat.current -= amount
+
+
+def _move(stats: tuple[_Stat, ...], amount: int) -> None:
+    """Move the counters ``stats`` by ``amount`` of either sign."""
+    if amount > 0:
+        _grow(stats, amount)
+    else:
+        _shrink(stats, -amount)
 
 
 @dataclass(slots=True)
@@ -535,7 +566,7 @@ class NpuCachingAllocator:
         self._external_bytes = 0  # HBM other libraries took (take_device_memory)
         self._next_address = _DEVICE_ADDRESS_BASE
         self._ids = itertools.count(1)
-        # moved by _update like a pool's counters
+        # moved by _grow and _shrink like a pool's counters
         self._oversize = {"oversize_allocations": (_Stat(),), "oversize_segments": (_Stat(),)}
         (self._oversize_allocations,), (self._oversize_segments,) = self._oversize.values()
         self._num_alloc_retries = 0
@@ -598,10 +629,10 @@ class NpuCachingAllocator:
         tally = _Tally(latency_s=self._spec.cached_free_latency_s)
         block.allocated = False
         stats = block.pool.stats
-        self._update("allocation", stats, -1)
-        self._update("allocated_bytes", stats, -block.size)
+        _shrink(stats["allocation"], 1)
+        _shrink(stats["allocated_bytes"], block.size)
         if block.size >= self._max_split:
-            self._update("oversize_allocations", self._oversize, -1)
+            _shrink(self._oversize["oversize_allocations"], 1)
         if block.pool.private:
             self._reserved_pools[block.pool.name].live_count -= 1
         self._free_block(block)
@@ -937,25 +968,25 @@ class NpuCachingAllocator:
             remaining.size -= size
             pool.blocks.add(remaining)
             if already_split and not expandable:
-                self._update("inactive_split_bytes", stats, -block.size)
+                _shrink(stats["inactive_split_bytes"], block.size)
             elif not expandable:
-                self._update("inactive_split_bytes", stats, remaining.size)
-                self._update("inactive_split", stats, 1)
+                _grow(stats["inactive_split_bytes"], remaining.size)
+                _grow(stats["inactive_split"], 1)
         elif already_split and not expandable:
-            self._update("inactive_split_bytes", stats, -block.size)
-            self._update("inactive_split", stats, -1)
+            _shrink(stats["inactive_split_bytes"], block.size)
+            _shrink(stats["inactive_split"], 1)
 
         block.allocated = True
         block.requested_bytes = orig_size
         block.allocation_id = next(self._ids)
         self._live[block.address] = block
-        self._update("allocation", stats, 1)
-        self._update("allocated_bytes", stats, block.size)
-        self._update("active", stats, 1)
-        self._update("active_bytes", stats, block.size)
-        self._update("requested_bytes", stats, orig_size)
+        _grow(stats["allocation"], 1)
+        _grow(stats["allocated_bytes"], block.size)
+        _grow(stats["active"], 1)
+        _grow(stats["active_bytes"], block.size)
+        _grow(stats["requested_bytes"], orig_size)
         if block.size >= self._max_split:
-            self._update("oversize_allocations", self._oversize, 1)
+            _grow(self._oversize["oversize_allocations"], 1)
         return _from_fields(Allocation, {
             "allocation_id": block.allocation_id, "address": block.address, "size_bytes": block.size,
             "requested_bytes": orig_size, "stream": block.stream, "pool": pool.name,
@@ -979,11 +1010,11 @@ class NpuCachingAllocator:
             net_bytes += block.size
         stats = pool.stats
         if not block.segment.expandable:
-            self._update("inactive_split", stats, net_blocks)
-            self._update("inactive_split_bytes", stats, net_bytes)
-        self._update("active", stats, -1)
-        self._update("active_bytes", stats, -original_size)
-        self._update("requested_bytes", stats, -requested)
+            _move(stats["inactive_split"], net_blocks)
+            _move(stats["inactive_split_bytes"], net_bytes)
+        _shrink(stats["active"], 1)
+        _shrink(stats["active_bytes"], original_size)
+        _shrink(stats["requested_bytes"], requested)
         block.requested_bytes = 0
         block.allocation_id = 0
 
@@ -1042,10 +1073,10 @@ class NpuCachingAllocator:
         tally.device_malloc_bytes += size
         self._num_device_alloc += 1
         stats = pool.stats
-        self._update("segment", stats, 1)
-        self._update("reserved_bytes", stats, size)
+        _grow(stats["segment"], 1)
+        _grow(stats["reserved_bytes"], size)
         if size >= self._max_split:
-            self._update("oversize_segments", self._oversize, 1)
+            _grow(self._oversize["oversize_segments"], 1)
         return _Block(segment.address, size, stream, pool, segment)
 
     def _release_block(self, block: _Block, tally: _Tally) -> None:
@@ -1059,10 +1090,10 @@ class NpuCachingAllocator:
         tally.device_free_bytes += block.size
         self._num_device_free += 1
         stats = pool.stats
-        self._update("segment", stats, -1)
-        self._update("reserved_bytes", stats, -block.size)
+        _shrink(stats["segment"], 1)
+        _shrink(stats["reserved_bytes"], block.size)
         if block.size >= self._max_split:
-            self._update("oversize_segments", self._oversize, -1)
+            _shrink(self._oversize["oversize_segments"], 1)
 
     def _synchronize(self, tally: _Tally, *, whole_device: bool = True) -> None:
         """Device synchronisation (``npuSynchronizeDevice``), or one stream's when unmapping."""
@@ -1244,7 +1275,7 @@ class NpuCachingAllocator:
         self._try_merge_blocks(block, block.prev)
         self._try_merge_blocks(block, block.next)
         pool.blocks.add(block)
-        self._update("reserved_bytes", pool.stats, mapped)
+        _grow(pool.stats["reserved_bytes"], mapped)
         return True
 
     def _unmap_block(self, block: _Block, tally: _Tally) -> None:
@@ -1286,7 +1317,7 @@ class NpuCachingAllocator:
         self._try_merge_blocks(block, block.next)
         pool.unmapped.add(block)
         self._reserved_total -= unmapped
-        self._update("reserved_bytes", pool.stats, -unmapped)
+        _shrink(pool.stats["reserved_bytes"], unmapped)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -1300,20 +1331,6 @@ class NpuCachingAllocator:
         types = ("all",) if private else ("all", "small_pool" if is_small else "large_pool")
         pool.stats = {stat: tuple(self._stats[stat][t] for t in types) for stat in _STAT_NAMES}
         return pool
-
-    @staticmethod
-    def _update(name: str, stats: dict[str, tuple[_Stat, ...]], amount: int) -> None:
-        """Move statistic ``name`` by ``amount`` in its counters in ``stats`` (a pool's, or the
-        oversize ones): current, peak, and the running totals allocated and freed."""
-        for stat in stats[name]:
-            current = stat.current + amount
-            stat.current = current
-            if current > stat.peak:  # noqa: PLR1730 (not max(): a comparison costs less than a call here)
-                stat.peak = current
-            if amount > 0:
-                stat.allocated += amount
-            else:
-                stat.freed -= amount
 
     def _all_pools(self) -> list[_BlockPool]:
         return [self._small, self._large, *(r.pool for r in self._reserved_pools.values())]
