@@ -62,7 +62,7 @@ import math
 import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
@@ -71,8 +71,6 @@ from .units import GiB, KiB, MiB
 
 #: First simulated device address. Arbitrary: only distinct, aligned addresses matter.
 _DEVICE_ADDRESS_BASE = 0x1000_0000_0000
-
-_Frozen = TypeVar("_Frozen")
 
 _STAT_TYPES = ("all", "small_pool", "large_pool")
 _STAT_NAMES = (
@@ -178,12 +176,13 @@ class AllocatorConfig(BaseModel):
                 from None
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     """A live allocation, the handle :meth:`NpuCachingAllocator.free` takes back.
 
     ``size_bytes`` is the block handed out (the rounded request, or more when the cached block
     was not split). A zero-byte request gives the null allocation: address 0, nothing reserved.
+    A named tuple (immutable), as :class:`MemoryEvent`: one is made per allocation, and a tuple
+    costs a fraction of a frozen dataclass.
     """
 
     allocation_id: int
@@ -194,9 +193,9 @@ class Allocation:
     pool: str
 
 
-@dataclass(frozen=True)
-class MemoryEvent:
-    """What one allocator call did and the host time it took.
+class MemoryEvent(NamedTuple):
+    """What one allocator call did and the host time it took (a named tuple: one is made per
+    call).
 
     ``device_mallocs`` counts ``aclrtMalloc`` calls, or pages mapped with expandable segments;
     ``device_frees`` counts ``aclrtFree`` calls or pages unmapped. ``cache_flushed`` is set when
@@ -338,16 +337,6 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _from_fields(cls: type[_Frozen], fields: dict[str, object]) -> _Frozen:
-    """An instance of the frozen dataclass ``cls`` (:class:`Allocation`, :class:`MemoryEvent`:
-    no slots for this reason) with every field in ``fields``, written straight into its
-    ``__dict__``: the generated ``__init__`` of a frozen dataclass pays one ``object.__setattr__``
-    per field, and every allocator call makes one or two of them."""
-    instance = object.__new__(cls)
-    instance.__dict__.update(fields)
-    return instance
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -487,7 +476,8 @@ def _move(stats: tuple[_Stat, ...], amount: int) -> None:
 
 @dataclass(slots=True)
 class _Tally:
-    """Work done by one public call, turned into a :class:`MemoryEvent` at the end."""
+    """Work done by one public call, turned into a :class:`MemoryEvent` at the end. A call
+    that does no device work (a cache hit, a free) uses the allocator's read-only tallies."""
 
     latency_s: float = 0.0
     device_mallocs: int = 0
@@ -574,6 +564,9 @@ class NpuCachingAllocator:
         self._num_device_alloc = 0
         self._num_device_free = 0
         self._num_sync_all_streams = 0
+        # The tallies of the calls that do no device work: read only.
+        self._cache_hit_tally = _Tally(latency_s=self._spec.cached_alloc_latency_s)
+        self._cached_free_tally = _Tally(latency_s=self._spec.cached_free_latency_s)
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -608,7 +601,7 @@ class NpuCachingAllocator:
         if size_bytes == 0:
             # torch_npu's allocate(0) returns a null pointer without taking the lock.
             handle = Allocation(0, 0, 0, 0, stream, pool or "none")
-            return handle, self._event("alloc", _Tally(), handle, rounded_bytes=0)
+            return handle, self._handle_event("alloc", _Tally(), handle, 0)
         if pool is not None:
             return self._alloc_reserved(size_bytes, stream, self._reserved_pools[pool])
         return self._alloc_general(size_bytes, stream)
@@ -621,12 +614,11 @@ class NpuCachingAllocator:
             ValueError: ``allocation`` is not live (already freed, or from another allocator).
         """
         if allocation.address == 0:
-            return self._event("free", _Tally(), allocation, rounded_bytes=0)
+            return self._handle_event("free", _Tally(), allocation, 0)
         block = self._live.get(allocation.address)
         if block is None or block.allocation_id != allocation.allocation_id:
             raise ValueError(f"invalid device pointer: {allocation.address:#x} is not allocated")
         del self._live[allocation.address]
-        tally = _Tally(latency_s=self._spec.cached_free_latency_s)
         block.allocated = False
         stats = block.pool.stats
         _shrink(stats["allocation"], 1)
@@ -637,14 +629,14 @@ class NpuCachingAllocator:
             self._reserved_pools[block.pool.name].live_count -= 1
         self._free_block(block)
         rounded = round_size(allocation.requested_bytes, self._spec)
-        return self._event("free", tally, allocation, rounded_bytes=rounded)
+        return self._handle_event("free", self._cached_free_tally, allocation, rounded)
 
     def empty_cache(self) -> MemoryEvent:
         """``torch.npu.empty_cache()``: synchronise, free every unsplit cached segment of the
         general pools and unmap the free pages of expandable segments. Reserved pools stay."""
         tally = _Tally()
         self._release_cached_blocks(tally)
-        return self._event("empty_cache", tally, None, rounded_bytes=0)
+        return self._event("empty_cache", tally, rounded_bytes=0)
 
     def take_device_memory(self, size_bytes: int, *, what: str) -> MemoryEvent:
         """``size_bytes`` of HBM taken by another library with its own ``aclrtMalloc`` (HCCL's
@@ -671,12 +663,12 @@ class NpuCachingAllocator:
             raise OutOfMemoryError(
                 self._oom_message(size_bytes, size_bytes, size_bytes, what),
                 requested_bytes=size_bytes,
-                event=self._event("external", tally, None, rounded_bytes=size_bytes, requested_bytes=size_bytes),
+                event=self._event("external", tally, rounded_bytes=size_bytes, requested_bytes=size_bytes),
             )
         self._external_bytes += size_bytes
         tally.device_mallocs += 1
         tally.device_malloc_bytes += size_bytes
-        return self._event("external", tally, None, rounded_bytes=size_bytes, requested_bytes=size_bytes,
+        return self._event("external", tally, rounded_bytes=size_bytes, requested_bytes=size_bytes,
                            block_bytes=size_bytes)
 
     @property
@@ -713,7 +705,7 @@ class NpuCachingAllocator:
             block = self._alloc_segment(block_pool, stream, region_bytes, tally)
         if block is None:
             self._num_ooms += 1
-            event = self._event("reserve_pool", tally, None, rounded_bytes=region_bytes)
+            event = self._event("reserve_pool", tally, rounded_bytes=region_bytes)
             raise OutOfMemoryError(
                 self._oom_message(region_bytes, size_bytes, region_bytes, f"reserved pool {name!r}"),
                 requested_bytes=size_bytes,
@@ -722,7 +714,7 @@ class NpuCachingAllocator:
         block_pool.blocks.add(block)
         self._reserved_pools[name] = _ReservedPool(name, stream, block_pool, block.segment)
         return self._event(
-            "reserve_pool", tally, None, rounded_bytes=region_bytes, pool=name, stream=stream,
+            "reserve_pool", tally, rounded_bytes=region_bytes, pool=name, stream=stream,
             address=block.address, block_bytes=region_bytes,
         )
 
@@ -746,7 +738,7 @@ class NpuCachingAllocator:
         self._release_block(block, tally)
         del self._reserved_pools[name]
         return self._event(
-            "release_pool", tally, None, rounded_bytes=size, pool=name, stream=reserved.stream,
+            "release_pool", tally, rounded_bytes=size, pool=name, stream=reserved.stream,
             address=address, block_bytes=size,
         )
 
@@ -829,19 +821,37 @@ class NpuCachingAllocator:
 
     def _alloc_general(self, orig_size: int, stream: int) -> tuple[Allocation, MemoryEvent]:
         spec = self._spec
-        tally = _Tally(latency_s=spec.cached_alloc_latency_s)
         size = round_size(orig_size, spec)
         pool = self._small if size <= spec.small_size_bytes else self._large
-        alloc_size = allocation_size(size, spec)
-
         block = self._get_free_block(pool, stream, size)
         cache_hit = block is not None
-        if block is None:
-            if self._gc_enabled:
-                self._garbage_collect_cached_blocks(tally)
+        if cache_hit:
+            tally = self._cache_hit_tally
+        else:
+            tally = _Tally(latency_s=spec.cached_alloc_latency_s)
+            block = self._alloc_uncached(pool, stream, orig_size, size, tally)
+        if self._config.expandable_segments and size >= spec.round_large_bytes:
+            block = self._align_expandable(block, size)
+        split = self._should_split(block, size)
+        handle = self._alloc_found_block(block, size, orig_size, split)
+        return handle, self._handle_event("alloc", tally, handle, size, cache_hit)
+
+    def _alloc_uncached(
+        self, pool: _BlockPool, stream: int, orig_size: int, size: int, tally: _Tally
+    ) -> _Block:
+        """torch_npu ``malloc`` when no cached block fits: a new segment, after freeing cache
+        as the settings allow; failing that, the whole unsplit cache is freed and the segment
+        tried once more.
+
+        Raises:
+            OutOfMemoryError: even that failed.
+        """
+        alloc_size = allocation_size(size, self._spec)
+        if self._gc_enabled:
+            self._garbage_collect_cached_blocks(tally)
+        block = self._alloc_block(pool, stream, size, alloc_size, tally)
+        if block is None and self._release_available_cached_blocks(pool, stream, size, tally):
             block = self._alloc_block(pool, stream, size, alloc_size, tally)
-            if block is None and self._release_available_cached_blocks(pool, stream, size, tally):
-                block = self._alloc_block(pool, stream, size, alloc_size, tally)
         if block is None:
             # Free every unsplit cached segment and retry once (torch_npu counts the retry).
             self._release_cached_blocks(tally)
@@ -851,7 +861,7 @@ class NpuCachingAllocator:
         if block is None:
             self._num_ooms += 1
             event = self._event(
-                "alloc", tally, None, rounded_bytes=size, pool=pool.name, stream=stream,
+                "alloc", tally, rounded_bytes=size, pool=pool.name, stream=stream,
                 requested_bytes=orig_size,
             )
             raise OutOfMemoryError(
@@ -859,14 +869,7 @@ class NpuCachingAllocator:
                 requested_bytes=orig_size,
                 event=event,
             )
-
-        if self._config.expandable_segments and size >= spec.round_large_bytes:
-            block = self._align_expandable(block, size)
-        split = self._should_split(block, size)
-        handle = self._alloc_found_block(block, size, orig_size, split)
-        return handle, self._event(
-            "alloc", tally, handle, rounded_bytes=size, cache_hit=cache_hit
-        )
+        return block
 
     def _alloc_reserved(
         self, orig_size: int, stream: int, reserved: _ReservedPool
@@ -883,7 +886,7 @@ class NpuCachingAllocator:
         if i == len(blocks):
             self._num_ooms += 1
             event = self._event(
-                "alloc", tally, None, rounded_bytes=size, pool=reserved.name, stream=stream,
+                "alloc", tally, rounded_bytes=size, pool=reserved.name, stream=stream,
                 requested_bytes=orig_size,
             )
             largest = max((b.size for b in blocks), default=0)
@@ -902,7 +905,7 @@ class NpuCachingAllocator:
         split = block.size - size >= self._spec.min_block_bytes
         handle = self._alloc_found_block(block, size, orig_size, split)
         reserved.live_count += 1
-        return handle, self._event("alloc", tally, handle, rounded_bytes=size, cache_hit=True)
+        return handle, self._handle_event("alloc", tally, handle, size, True)
 
     def _get_free_block(self, pool: _BlockPool, stream: int, size: int) -> _Block | None:
         """torch_npu ``get_free_block``: best fit by (stream, size, address)."""
@@ -987,10 +990,7 @@ class NpuCachingAllocator:
         _grow(stats["requested_bytes"], orig_size)
         if block.size >= self._max_split:
             _grow(self._oversize["oversize_allocations"], 1)
-        return _from_fields(Allocation, {
-            "allocation_id": block.allocation_id, "address": block.address, "size_bytes": block.size,
-            "requested_bytes": orig_size, "stream": block.stream, "pool": pool.name,
-        })
+        return Allocation(block.allocation_id, block.address, block.size, orig_size, block.stream, pool.name)
 
     def _free_block(self, block: _Block) -> None:
         """torch_npu ``free_block``: merge with free neighbours, return to the pool."""
@@ -1369,39 +1369,32 @@ class NpuCachingAllocator:
         self,
         action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool", "external"],
         tally: _Tally,
-        handle: Allocation | None,
         *,
         rounded_bytes: int,
+        pool: str = "none",
+        stream: int = 0,
+        requested_bytes: int = 0,
+        address: int = 0,
+        block_bytes: int = 0,
         cache_hit: bool = False,
-        pool: str | None = None,
-        stream: int | None = None,
-        requested_bytes: int | None = None,
-        address: int | None = None,
-        block_bytes: int | None = None,
     ) -> MemoryEvent:
-        return _from_fields(MemoryEvent, {
-            "action": action,
-            "latency_s": tally.latency_s,
-            "requested_bytes": (
-                requested_bytes if requested_bytes is not None
-                else handle.requested_bytes if handle else 0
-            ),
-            "rounded_bytes": rounded_bytes,
-            "block_bytes": (
-                block_bytes if block_bytes is not None else handle.size_bytes if handle else 0
-            ),
-            "address": address if address is not None else handle.address if handle else 0,
-            "pool": pool if pool is not None else handle.pool if handle else "none",
-            "stream": stream if stream is not None else handle.stream if handle else 0,
-            "cache_hit": cache_hit,
-            "device_mallocs": tally.device_mallocs,
-            "device_malloc_bytes": tally.device_malloc_bytes,
-            "failed_device_mallocs": tally.failed_device_mallocs,
-            "device_frees": tally.device_frees,
-            "device_free_bytes": tally.device_free_bytes,
-            "synchronizations": tally.synchronizations,
-            "cache_flushed": tally.cache_flushed,
-            "alloc_retried": tally.alloc_retried,
-            "allocated_bytes": self._all_allocated_bytes.current,
-            "reserved_bytes": self._reserved_total,
-        })
+        """The event of a call that did ``tally``'s work, with the device totals after it."""
+        return MemoryEvent(
+            action, tally.latency_s, requested_bytes, rounded_bytes, block_bytes, address, pool, stream,
+            cache_hit, tally.device_mallocs, tally.device_malloc_bytes, tally.failed_device_mallocs,
+            tally.device_frees, tally.device_free_bytes, tally.synchronizations, tally.cache_flushed,
+            tally.alloc_retried, self._all_allocated_bytes.current, self._reserved_total,
+        )
+
+    def _handle_event(
+        self, action: Literal["alloc", "free"], tally: _Tally, handle: Allocation, rounded_bytes: int,
+        cache_hit: bool = False,
+    ) -> MemoryEvent:
+        """:meth:`_event` of an ``alloc`` or ``free`` of ``handle`` (the hot path: positional)."""
+        return MemoryEvent(
+            action, tally.latency_s, handle.requested_bytes, rounded_bytes, handle.size_bytes,
+            handle.address, handle.pool, handle.stream,
+            cache_hit, tally.device_mallocs, tally.device_malloc_bytes, tally.failed_device_mallocs,
+            tally.device_frees, tally.device_free_bytes, tally.synchronizations, tally.cache_flushed,
+            tally.alloc_retried, self._all_allocated_bytes.current, self._reserved_total,
+        )
