@@ -13,10 +13,11 @@ import functools
 import hashlib
 import math
 import numbers
+import operator
 import os
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -320,22 +321,30 @@ def _copies(group: tuple[int, ...], devices: int) -> list[tuple[int, ...]]:
     return copies
 
 
-class _StepMemoryTally:
-    """Allocator activity within one step."""
+#: Where each field of a :class:`MemoryEvent` sits in a noted allocator call: ``(step, device
+#: clock) + event``, a plain tuple of numbers and strings (see :meth:`NPU._note_memory`).
+_CALL_INDEX = {name: 2 + i for i, name in enumerate(MemoryEvent._fields)}
+_MEMORY_RECORD_FIELDS = tuple(MemoryRecord.model_fields)  # step, time_s, then fields of the event
+_memory_record_values = operator.itemgetter(0, 1, *(_CALL_INDEX[name] for name in _MEMORY_RECORD_FIELDS[2:]))
 
-    def __init__(self) -> None:
+
+class _StepMemoryTally:
+    """Allocator activity within one step, summed over its noted calls when the step closes."""
+
+    def __init__(self, calls: Iterable[tuple]) -> None:
         self.allocs = self.frees = self.device_mallocs = self.device_frees = self.retries = 0
         self.alloc_time_s = 0.0
-
-    def add(self, event: MemoryEvent) -> None:
-        if event.action == "alloc":
-            self.allocs += 1
-        elif event.action == "free":
-            self.frees += 1
-        self.device_mallocs += event.device_mallocs
-        self.device_frees += event.device_frees
-        self.retries += int(event.alloc_retried)
-        self.alloc_time_s += event.latency_s
+        action, mallocs, frees, retried, latency = (
+            _CALL_INDEX[name] for name in ("action", "device_mallocs", "device_frees", "alloc_retried", "latency_s"))
+        for call in calls:
+            if call[action] == "alloc":
+                self.allocs += 1
+            elif call[action] == "free":
+                self.frees += 1
+            self.device_mallocs += call[mallocs]
+            self.device_frees += call[frees]
+            self.retries += int(call[retried])
+            self.alloc_time_s += call[latency]
 
 
 class NPU:
@@ -394,7 +403,6 @@ class NPU:
         self.allocator = NpuCachingAllocator(hardware, allocator) if self.memory else None
         self._pending_stall_s = 0.0
         self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
-        self._step_memory = _StepMemoryTally()
         self._memory_steps: list[StepMemory] = []
         #: For each live tensor holding memory (by id): a weak reference whose callback gives
         #: the memory back when the tensor goes. Held here, not in weakref.finalize's registry,
@@ -402,7 +410,9 @@ class NPU:
         #: one of its tensors was (the job-long tensors of simulator.models: for ever).
         self._finalizers: dict[int, weakref.ref] = {}
         self._communicators: set[frozenset[int]] = set()  # HCCL groups used so far
-        self._memory_events: list[MemoryRecord] = []
+        #: Every allocator call, as ``(step, device clock) + event`` (:meth:`_note_memory`).
+        self._memory_calls: list[tuple] = []
+        self._step_first_call = 0  # index in _memory_calls of the open step's first call
         #: For each view: the tensor that owns its allocation, and the view's offset in it.
         self._views: weakref.WeakKeyDictionary[Tensor, tuple[Tensor, int]] = weakref.WeakKeyDictionary()
         self._delivered = 0  # online collection: records handed to the callbacks so far
@@ -721,15 +731,16 @@ class NPU:
         self._note_memory(self.allocator.free(handle))
 
     def _note_memory(self, event: MemoryEvent) -> None:
-        self._step_memory.add(event)
-        self._memory_events.append(build_record(MemoryRecord, {  # every field, in MemoryRecord's order
-            "step": self._step, "time_s": self._clock_s, "action": event.action,
-            "requested_bytes": event.requested_bytes, "block_bytes": event.block_bytes, "address": event.address,
-            "pool": event.pool, "stream": event.stream, "latency_s": event.latency_s,
-            "device_mallocs": event.device_mallocs, "device_frees": event.device_frees,
-            "alloc_retried": event.alloc_retried, "allocated_bytes": event.allocated_bytes,
-            "reserved_bytes": event.reserved_bytes,
-        }))
+        """Keep an allocator call for the step's tally and the profile's memory records, as a
+        plain tuple: one of numbers and strings only, which the garbage collector stops
+        tracking (a long run keeps hundreds of thousands of them; records, each a model and a
+        set, are made once, in :meth:`profile`)."""
+        self._memory_calls.append((self._step, self._clock_s) + event)
+
+    def _memory_records(self) -> list[MemoryRecord]:
+        """The profile's record of every allocator call."""
+        return [build_record(MemoryRecord, dict(zip(_MEMORY_RECORD_FIELDS, _memory_record_values(call))))
+                for call in self._memory_calls]
 
     def _out(self, shape: Sequence[int], dtype: str, values: numerics.Values | None = None) -> Tensor:
         """An op's output tensor, allocated (and its stall charged to the op just emitted), with
@@ -1441,7 +1452,7 @@ class NPU:
             self._memory_steps.append(None)
             return
         stats = self.allocator.stats()
-        t = self._step_memory
+        t = _StepMemoryTally(self._memory_calls[self._step_first_call:])
         self._memory_steps.append(StepMemory.model_construct(
             step=self._step, allocated_peak_bytes=stats.allocated_bytes_peak, reserved_peak_bytes=stats.reserved_bytes_peak,
             allocated_end_bytes=stats.allocated_bytes, reserved_end_bytes=stats.reserved_bytes,
@@ -1450,7 +1461,7 @@ class NPU:
             alloc_retries=t.retries, alloc_time_s=t.alloc_time_s,
         ))
         self.allocator.reset_peak_stats()
-        self._step_memory = _StepMemoryTally()
+        self._step_first_call = len(self._memory_calls)
 
     def _next_step(self) -> None:
         self._close_step()
@@ -1479,7 +1490,7 @@ class NPU:
             workload_fingerprint=digest.hexdigest()[:16],
             ops=self._records,
             memory=[m for m in self._memory_steps if m is not None],
-            memory_events=self._memory_events,
+            memory_events=self._memory_records(),
             collection=self.collection,
         )
 

@@ -474,7 +474,7 @@ def test_a_stale_weak_reference_gives_nothing_back() -> None:
         callback = ref.__callback__
         npu.free(t)
         callback(ref)  # as if the weak reference fired after the explicit free
-        seen["events"] = [e.action for e in npu._memory_events]
+        seen["events"] = [record.action for record in npu._memory_records()]
 
     simulator.run(work, memory=True)
     assert seen["events"] == ["alloc", "free"]
