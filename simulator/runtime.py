@@ -9,7 +9,6 @@ with :meth:`NPU.from_numpy`: those carry data, and operators on them compute the
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import numbers
@@ -28,7 +27,16 @@ from . import numerics
 from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
 from .costs import OpCost, OpSpec, conv_output_hw, op_cost, op_workspace_bytes
 from .hardware import HardwareSpec, load_hardware
-from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory, build_record
+from .profile import (
+    CommInfo,
+    MemoryRecord,
+    OpChecks,
+    OpRecord,
+    Profile,
+    StepMemory,
+    build_record,
+    build_records,
+)
 from .units import DTYPE_BYTES
 
 _RUNTIME_FILE = os.path.normcase(os.path.abspath(__file__))
@@ -328,6 +336,23 @@ _MEMORY_RECORD_FIELDS = tuple(MemoryRecord.model_fields)  # step, time_s, then f
 _memory_record_values = operator.itemgetter(0, 1, *(_CALL_INDEX[name] for name in _MEMORY_RECORD_FIELDS[2:]))
 
 
+class _HeldMemory(weakref.ref):
+    """A weak reference to a tensor that holds device memory: the allocation, and the tensor's
+    id (its key in ``NPU._finalizers``). Its callback, :meth:`NPU._release`, gives the memory
+    back when the tensor goes; one object per tensor, where a plain reference took a partial of
+    a bound method too."""
+
+    __slots__ = ("handle", "key")
+
+    def __new__(cls, tensor: Tensor, callback: Callable[[_HeldMemory], None], handle: Allocation):
+        return super().__new__(cls, tensor, callback)  # weakref.ref takes the referent and the callback only
+
+    def __init__(self, tensor: Tensor, callback: Callable[[_HeldMemory], None], handle: Allocation) -> None:
+        super().__init__(tensor, callback)
+        self.handle = handle
+        self.key = id(tensor)
+
+
 class _StepMemoryTally:
     """Allocator activity within one step, summed over its noted calls when the step closes."""
 
@@ -408,7 +433,8 @@ class NPU:
         #: the memory back when the tensor goes. Held here, not in weakref.finalize's registry,
         #: whose strong references to this NPU kept every memory-modelling NPU alive as long as
         #: one of its tensors was (the job-long tensors of simulator.models: for ever).
-        self._finalizers: dict[int, weakref.ref] = {}
+        self._finalizers: dict[int, _HeldMemory] = {}
+        self._release_callback = self._release  # one bound method for every tensor's reference
         self._communicators: set[frozenset[int]] = set()  # HCCL groups used so far
         #: Every allocator call, as ``(step, device clock) + event`` (:meth:`_note_memory`).
         self._memory_calls: list[tuple] = []
@@ -648,9 +674,9 @@ class NPU:
         """Give ``tensor``'s memory back to the caching allocator now (as ``del`` does when the
         last reference goes). An op that is later given ``tensor`` raises ``ValueError`` (a use
         after free)."""
-        finalizer = self._finalizers.pop(id(tensor), None)
-        if finalizer is not None:
-            finalizer.__callback__(None)  # the reference, no longer registered, then gives nothing back
+        held = self._finalizers.get(id(tensor))
+        if held is not None:
+            self._release(held)  # the reference, no longer registered, then gives nothing back
             tensor.__dict__["_freed"] = True  # a later op that reads or writes it is a use after free
 
     # -- memory --------------------------------------------------------------------------------
@@ -663,8 +689,8 @@ class NPU:
             return tensor
         handle, event = self.allocator.alloc(tensor.nbytes)
         self._note_memory(event)
-        key = id(tensor)
-        self._finalizers[key] = weakref.ref(tensor, functools.partial(self._release, handle, key))
+        held = _HeldMemory(tensor, self._release_callback, handle)
+        self._finalizers[held.key] = held
         self._charge(event, charge_last)
         return tensor
 
@@ -721,14 +747,14 @@ class NPU:
         self._charge(event)
         self._note_memory(self.allocator.free(handle))
 
-    def _release(self, handle: Allocation, key: int, ref: weakref.ref | None = None) -> None:
-        """Give ``handle`` back: called by :meth:`free` (``ref`` None) or by the tensor's weak
-        reference when the tensor goes. A reference that is no longer the registered one (the
-        tensor was freed explicitly, or its id now belongs to another tensor) gives nothing back."""
-        if ref is not None and self._finalizers.get(key) is not ref:
+    def _release(self, held: _HeldMemory) -> None:
+        """Give ``held``'s memory back: called by :meth:`free` or by the weak reference itself
+        when the tensor goes. A reference that is no longer the registered one (the tensor was
+        freed explicitly, or its id now belongs to another tensor) gives nothing back."""
+        if self._finalizers.get(held.key) is not held:
             return
-        self._finalizers.pop(key, None)
-        self._note_memory(self.allocator.free(handle))
+        del self._finalizers[held.key]
+        self._note_memory(self.allocator.free(held.handle))
 
     def _note_memory(self, event: MemoryEvent) -> None:
         """Keep an allocator call for the step's tally and the profile's memory records, as a
@@ -739,8 +765,7 @@ class NPU:
 
     def _memory_records(self) -> list[MemoryRecord]:
         """The profile's record of every allocator call."""
-        return [build_record(MemoryRecord, dict(zip(_MEMORY_RECORD_FIELDS, _memory_record_values(call))))
-                for call in self._memory_calls]
+        return build_records(MemoryRecord, _MEMORY_RECORD_FIELDS, map(_memory_record_values, self._memory_calls))
 
     def _out(self, shape: Sequence[int], dtype: str, values: numerics.Values | None = None) -> Tensor:
         """An op's output tensor, allocated (and its stall charged to the op just emitted), with
