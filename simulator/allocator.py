@@ -345,39 +345,41 @@ def _is_int(value: object) -> bool:
 
 
 class _Ordered:
-    """Blocks kept in the order of ``key`` (torch's ``std::set`` with a comparator)."""
+    """Blocks kept in the order of ``key`` (torch's ``std::set`` with a comparator).
+
+    A sorted list of entries, ``key(block)`` followed by the block itself. Keys are unique
+    (they end with the block's address), so comparing entries never reaches the blocks, and a
+    block's entry (``block.key``) finds it again after its size or address changed.
+    """
 
     def __init__(self, key: Callable[[_Block], tuple[int, ...]]) -> None:
         self._key = key
-        self._keys: list[tuple[int, ...]] = []
-        self._blocks: dict[tuple[int, ...], _Block] = {}
+        self._entries: list[tuple[int | _Block, ...]] = []
 
     def add(self, block: _Block) -> None:
-        key = self._key(block)
-        bisect.insort(self._keys, key)
-        self._blocks[key] = block
-        block.key = key
+        entry = (*self._key(block), block)
+        bisect.insort(self._entries, entry)
+        block.key = entry
 
     def remove(self, block: _Block) -> None:
-        key = block.key
-        i = bisect.bisect_left(self._keys, key)
-        if i == len(self._keys) or self._keys[i] != key or self._blocks[key] is not block:
+        entry = block.key
+        i = bisect.bisect_left(self._entries, entry)
+        if i == len(self._entries) or self._entries[i] is not entry:
             raise RuntimeError("allocator model: block is not in the set it should be in")
-        del self._keys[i]
-        del self._blocks[key]
+        del self._entries[i]
         block.key = None
 
     def lower_bound(self, key: tuple[int, ...]) -> int:
-        return bisect.bisect_left(self._keys, key)
+        return bisect.bisect_left(self._entries, key)
 
     def at(self, index: int) -> _Block:
-        return self._blocks[self._keys[index]]
+        return self._entries[index][-1]
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._entries)
 
     def __iter__(self) -> Iterator[_Block]:
-        return iter([self._blocks[k] for k in self._keys])
+        return iter([entry[-1] for entry in self._entries])
 
 
 @dataclass(eq=False)
@@ -390,6 +392,10 @@ class _BlockPool:
     #: For each statistic, the counters a change in this pool moves: ``all`` and the pool's own
     #: type (a reserved pool counts under ``all`` only). Filled by the allocator.
     stats: dict[str, tuple[_Stat, ...]] = field(default_factory=dict)
+    #: The allocation and active counters, then their byte counters: they move together, as a
+    #: block is active exactly while it is allocated (record_stream is not modelled).
+    allocated_counts: tuple[_Stat, ...] = ()
+    allocated_bytes: tuple[_Stat, ...] = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -420,7 +426,7 @@ class _Block:
     requested_bytes: int = 0
     gc_count: int = 0
     allocation_id: int = 0
-    key: tuple[int, ...] | None = None
+    key: tuple[int | _Block, ...] | None = None  # its entry in the _Ordered set it is in
 
     @property
     def is_split(self) -> bool:
@@ -471,7 +477,8 @@ def _move(stats: tuple[_Stat, ...], amount: int) -> None:
     if amount > 0:
         _grow(stats, amount)
     else:
-        _shrink(stats, -amount)
+        for stat in stats:
+            stat.current += amount
 
 
 @dataclass(slots=True)
@@ -620,9 +627,8 @@ class NpuCachingAllocator:
             raise ValueError(f"invalid device pointer: {allocation.address:#x} is not allocated")
         del self._live[allocation.address]
         block.allocated = False
-        stats = block.pool.stats
-        _shrink(stats["allocation"], 1)
-        _shrink(stats["allocated_bytes"], block.size)
+        _shrink(block.pool.allocated_counts, 1)
+        _shrink(block.pool.allocated_bytes, block.size)
         if block.size >= self._max_split:
             _shrink(self._oversize["oversize_allocations"], 1)
         if block.pool.private:
@@ -914,9 +920,12 @@ class NpuCachingAllocator:
                 b.gc_count += 1
         blocks = pool.blocks
         i = blocks.lower_bound((stream, size, 0))
-        if i == len(blocks) or blocks.at(i).stream != stream:
+        if i == len(blocks):
             return None
-        if blocks.at(i).segment.expandable:
+        block = blocks.at(i)
+        if block.stream != stream:
+            return None
+        if block.segment.expandable:
             # Prefer, among the larger blocks, one that can grow less into unmapped space.
             def expandable_size(b: _Block) -> int:
                 return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
@@ -928,7 +937,7 @@ class NpuCachingAllocator:
                 and expandable_size(blocks.at(i + 1)) < expandable_size(blocks.at(i))
             ):
                 i += 1
-        block = blocks.at(i)
+            block = blocks.at(i)
         if size < self._max_split and block.size >= self._max_split:
             return None  # an oversize block is not handed to a smaller request
         if size >= self._max_split and block.size >= size + self._spec.large_buffer_bytes:
@@ -983,19 +992,17 @@ class NpuCachingAllocator:
         block.requested_bytes = orig_size
         block.allocation_id = next(self._ids)
         self._live[block.address] = block
-        _grow(stats["allocation"], 1)
-        _grow(stats["allocated_bytes"], block.size)
-        _grow(stats["active"], 1)
-        _grow(stats["active_bytes"], block.size)
+        _grow(pool.allocated_counts, 1)
+        _grow(pool.allocated_bytes, block.size)
         _grow(stats["requested_bytes"], orig_size)
         if block.size >= self._max_split:
             _grow(self._oversize["oversize_allocations"], 1)
         return Allocation(block.allocation_id, block.address, block.size, orig_size, block.stream, pool.name)
 
     def _free_block(self, block: _Block) -> None:
-        """torch_npu ``free_block``: merge with free neighbours, return to the pool."""
+        """torch_npu ``free_block``: merge with free neighbours, return to the pool. (The caller
+        moved the allocation and active counters.)"""
         pool = block.pool
-        original_size = block.size
         requested = block.requested_bytes
         net_blocks = 0
         net_bytes = 0
@@ -1012,8 +1019,6 @@ class NpuCachingAllocator:
         if not block.segment.expandable:
             _move(stats["inactive_split"], net_blocks)
             _move(stats["inactive_split_bytes"], net_bytes)
-        _shrink(stats["active"], 1)
-        _shrink(stats["active_bytes"], original_size)
         _shrink(stats["requested_bytes"], requested)
         block.requested_bytes = 0
         block.allocation_id = 0
@@ -1330,6 +1335,8 @@ class NpuCachingAllocator:
         pool = _BlockPool(name, is_small, private)
         types = ("all",) if private else ("all", "small_pool" if is_small else "large_pool")
         pool.stats = {stat: tuple(self._stats[stat][t] for t in types) for stat in _STAT_NAMES}
+        pool.allocated_counts = pool.stats["allocation"] + pool.stats["active"]
+        pool.allocated_bytes = pool.stats["allocated_bytes"] + pool.stats["active_bytes"]
         return pool
 
     def _all_pools(self) -> list[_BlockPool]:
