@@ -347,17 +347,18 @@ def _is_int(value: object) -> bool:
 class _Ordered:
     """Blocks kept in the order of ``key`` (torch's ``std::set`` with a comparator).
 
-    A sorted list of entries, ``key(block)`` followed by the block itself. Keys are unique
-    (they end with the block's address), so comparing entries never reaches the blocks, and a
-    block's entry (``block.key``) finds it again after its size or address changed.
+    A sorted list of entries, ``entry(block)``: the block's sort key followed by the block
+    itself. Keys are unique (they end with the block's address), so comparing entries never
+    reaches the blocks, and a block's entry (``block.key``) finds it again after its size or
+    address changed.
     """
 
-    def __init__(self, key: Callable[[_Block], tuple[int, ...]]) -> None:
-        self._key = key
+    def __init__(self, entry: Callable[[_Block], tuple[int | _Block, ...]]) -> None:
+        self._entry = entry
         self._entries: list[tuple[int | _Block, ...]] = []
 
     def add(self, block: _Block) -> None:
-        entry = (*self._key(block), block)
+        entry = self._entry(block)
         bisect.insort(self._entries, entry)
         block.key = entry
 
@@ -387,8 +388,8 @@ class _BlockPool:
     name: str
     is_small: bool
     private: bool = False
-    blocks: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.size, b.address)))
-    unmapped: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.address)))
+    blocks: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.size, b.address, b)))
+    unmapped: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.address, b)))
     #: For each statistic, the counters a change in this pool moves: ``all`` and the pool's own
     #: type (a reserved pool counts under ``all`` only). Filled by the allocator.
     stats: dict[str, tuple[_Stat, ...]] = field(default_factory=dict)

@@ -24,8 +24,8 @@ def build_record(cls: type[_Record], fields: dict[str, Any]) -> _Record:
     ``cls`` in the order the class declares them, without ``model_construct``'s loop over each
     field's aliases and default.
 
-    The simulator builds one record per op and per allocator call, and that loop was a quarter
-    of a memory-modelled run's time. ``fields`` becomes the record's ``__dict__`` (do not reuse
+    The simulator builds one record per op (and per allocator call, :func:`build_records`), and
+    that loop was a quarter of a memory-modelled run's time. ``fields`` becomes the record's ``__dict__`` (do not reuse
     it), and its order is the order ``to_json`` writes the keys in. For the record models of
     this module, which have no aliases, private attributes, ``model_post_init`` or extra fields.
     """
@@ -42,10 +42,11 @@ def build_records(cls: type[_Record], names: tuple[str, ...], rows: Iterable[Seq
     its order, and each row holds their values.
 
     The records share one set of field names as their ``model_fields_set``: a long
-    memory-modelled run makes hundreds of thousands of records, and a set apiece was a third of
-    the objects the garbage collector then traversed. Sharing is safe for the frozen record
-    models of this module: pydantic changes a model's set only when a field is assigned, and
-    copies (``model_copy`` too) take their own.
+    memory-modelled run makes hundreds of thousands of records, and a set apiece doubled the
+    objects they bring for the garbage collector to traverse (a record's ``__dict__`` of
+    numbers and strings is not tracked). Sharing is safe for the frozen record models of this
+    module: pydantic changes a model's set only when a field is assigned, and copies
+    (``model_copy`` too) take their own.
     """
     fields_set = set(names)
     new = cls.__new__
