@@ -62,7 +62,7 @@ import math
 import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
@@ -71,8 +71,6 @@ from .units import GiB, KiB, MiB
 
 #: First simulated device address. Arbitrary: only distinct, aligned addresses matter.
 _DEVICE_ADDRESS_BASE = 0x1000_0000_0000
-
-_Frozen = TypeVar("_Frozen")
 
 _STAT_TYPES = ("all", "small_pool", "large_pool")
 _STAT_NAMES = (
@@ -178,12 +176,13 @@ class AllocatorConfig(BaseModel):
                 from None
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     """A live allocation, the handle :meth:`NpuCachingAllocator.free` takes back.
 
     ``size_bytes`` is the block handed out (the rounded request, or more when the cached block
     was not split). A zero-byte request gives the null allocation: address 0, nothing reserved.
+    A named tuple (immutable), as :class:`MemoryEvent`: one is made per allocation, and a tuple
+    costs a fraction of a frozen dataclass.
     """
 
     allocation_id: int
@@ -194,9 +193,9 @@ class Allocation:
     pool: str
 
 
-@dataclass(frozen=True)
-class MemoryEvent:
-    """What one allocator call did and the host time it took.
+class MemoryEvent(NamedTuple):
+    """What one allocator call did and the host time it took (a named tuple: one is made per
+    call).
 
     ``device_mallocs`` counts ``aclrtMalloc`` calls, or pages mapped with expandable segments;
     ``device_frees`` counts ``aclrtFree`` calls or pages unmapped. ``cache_flushed`` is set when
@@ -338,16 +337,6 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _from_fields(cls: type[_Frozen], fields: dict[str, object]) -> _Frozen:
-    """An instance of the frozen dataclass ``cls`` (:class:`Allocation`, :class:`MemoryEvent`:
-    no slots for this reason) with every field in ``fields``, written straight into its
-    ``__dict__``: the generated ``__init__`` of a frozen dataclass pays one ``object.__setattr__``
-    per field, and every allocator call makes one or two of them."""
-    instance = object.__new__(cls)
-    instance.__dict__.update(fields)
-    return instance
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -356,39 +345,42 @@ def _is_int(value: object) -> bool:
 
 
 class _Ordered:
-    """Blocks kept in the order of ``key`` (torch's ``std::set`` with a comparator)."""
+    """Blocks kept in the order of ``key`` (torch's ``std::set`` with a comparator).
 
-    def __init__(self, key: Callable[[_Block], tuple[int, ...]]) -> None:
-        self._key = key
-        self._keys: list[tuple[int, ...]] = []
-        self._blocks: dict[tuple[int, ...], _Block] = {}
+    A sorted list of entries, ``entry(block)``: the block's sort key followed by the block
+    itself. Keys are unique (they end with the block's address), so comparing entries never
+    reaches the blocks, and a block's entry (``block.key``) finds it again after its size or
+    address changed.
+    """
+
+    def __init__(self, entry: Callable[[_Block], tuple[int | _Block, ...]]) -> None:
+        self._entry = entry
+        self._entries: list[tuple[int | _Block, ...]] = []
 
     def add(self, block: _Block) -> None:
-        key = self._key(block)
-        bisect.insort(self._keys, key)
-        self._blocks[key] = block
-        block.key = key
+        entry = self._entry(block)
+        bisect.insort(self._entries, entry)
+        block.key = entry
 
     def remove(self, block: _Block) -> None:
-        key = block.key
-        i = bisect.bisect_left(self._keys, key)
-        if i == len(self._keys) or self._keys[i] != key or self._blocks[key] is not block:
+        entry = block.key
+        i = bisect.bisect_left(self._entries, entry)
+        if i == len(self._entries) or self._entries[i] is not entry:
             raise RuntimeError("allocator model: block is not in the set it should be in")
-        del self._keys[i]
-        del self._blocks[key]
+        del self._entries[i]
         block.key = None
 
     def lower_bound(self, key: tuple[int, ...]) -> int:
-        return bisect.bisect_left(self._keys, key)
+        return bisect.bisect_left(self._entries, key)
 
     def at(self, index: int) -> _Block:
-        return self._blocks[self._keys[index]]
+        return self._entries[index][-1]
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._entries)
 
     def __iter__(self) -> Iterator[_Block]:
-        return iter([self._blocks[k] for k in self._keys])
+        return iter([entry[-1] for entry in self._entries])
 
 
 @dataclass(eq=False)
@@ -396,11 +388,15 @@ class _BlockPool:
     name: str
     is_small: bool
     private: bool = False
-    blocks: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.size, b.address)))
-    unmapped: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.address)))
+    blocks: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.size, b.address, b)))
+    unmapped: _Ordered = field(default_factory=lambda: _Ordered(lambda b: (b.stream, b.address, b)))
     #: For each statistic, the counters a change in this pool moves: ``all`` and the pool's own
     #: type (a reserved pool counts under ``all`` only). Filled by the allocator.
     stats: dict[str, tuple[_Stat, ...]] = field(default_factory=dict)
+    #: The allocation and active counters, then their byte counters: they move together, as a
+    #: block is active exactly while it is allocated (record_stream is not modelled).
+    allocated_counts: tuple[_Stat, ...] = ()
+    allocated_bytes: tuple[_Stat, ...] = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -431,7 +427,7 @@ class _Block:
     requested_bytes: int = 0
     gc_count: int = 0
     allocation_id: int = 0
-    key: tuple[int, ...] | None = None
+    key: tuple[int | _Block, ...] | None = None  # its entry in the _Ordered set it is in
 
     @property
     def is_split(self) -> bool:
@@ -448,15 +444,48 @@ class _Block:
 
 @dataclass(eq=False, slots=True)
 class _Stat:
+    """One counter of ``torch.npu.memory_stats()``: current value, peak, and the running total
+    of its increases (``allocated``). The running total of its decreases, ``freed``, is
+    ``allocated - current``: every change moves ``current`` and one of the two totals."""
+
     current: int = 0
     peak: int = 0
     allocated: int = 0
-    freed: int = 0
+
+    @property
+    def freed(self) -> int:
+        return self.allocated - self.current
+
+
+def _grow(stats: tuple[_Stat, ...], amount: int) -> None:
+    """Raise the counters ``stats`` by ``amount`` (>= 0): current, peak and running total."""
+    for stat in stats:
+        current = stat.current + amount
+        stat.current = current
+        stat.allocated += amount
+        if current > stat.peak:  # noqa: PLR1730 (not max(): a comparison costs less than a call here)
+            stat.peak = current
+
+
+def _shrink(stats: tuple[_Stat, ...], amount: int) -> None:
+    """Lower the counters ``stats`` by ``amount`` (>= 0); their ``freed`` totals follow."""
+    for stat in stats:
+        stat.current -= amount
+
+
+def _move(stats: tuple[_Stat, ...], amount: int) -> None:
+    """Move the counters ``stats`` by ``amount`` of either sign."""
+    if amount > 0:
+        _grow(stats, amount)
+    else:
+        for stat in stats:
+            stat.current += amount
 
 
 @dataclass(slots=True)
 class _Tally:
-    """Work done by one public call, turned into a :class:`MemoryEvent` at the end."""
+    """Work done by one public call, turned into a :class:`MemoryEvent` at the end. A call
+    that does no device work (a cache hit, a free) uses the allocator's read-only tallies."""
 
     latency_s: float = 0.0
     device_mallocs: int = 0
@@ -535,7 +564,7 @@ class NpuCachingAllocator:
         self._external_bytes = 0  # HBM other libraries took (take_device_memory)
         self._next_address = _DEVICE_ADDRESS_BASE
         self._ids = itertools.count(1)
-        # moved by _update like a pool's counters
+        # moved by _grow and _shrink like a pool's counters
         self._oversize = {"oversize_allocations": (_Stat(),), "oversize_segments": (_Stat(),)}
         (self._oversize_allocations,), (self._oversize_segments,) = self._oversize.values()
         self._num_alloc_retries = 0
@@ -543,6 +572,9 @@ class NpuCachingAllocator:
         self._num_device_alloc = 0
         self._num_device_free = 0
         self._num_sync_all_streams = 0
+        # The tallies of the calls that do no device work: read only.
+        self._cache_hit_tally = _Tally(latency_s=self._spec.cached_alloc_latency_s)
+        self._cached_free_tally = _Tally(latency_s=self._spec.cached_free_latency_s)
 
     # -- public API -----------------------------------------------------------------------------
 
@@ -577,7 +609,7 @@ class NpuCachingAllocator:
         if size_bytes == 0:
             # torch_npu's allocate(0) returns a null pointer without taking the lock.
             handle = Allocation(0, 0, 0, 0, stream, pool or "none")
-            return handle, self._event("alloc", _Tally(), handle, rounded_bytes=0)
+            return handle, self._handle_event("alloc", _Tally(), handle, 0)
         if pool is not None:
             return self._alloc_reserved(size_bytes, stream, self._reserved_pools[pool])
         return self._alloc_general(size_bytes, stream)
@@ -590,30 +622,28 @@ class NpuCachingAllocator:
             ValueError: ``allocation`` is not live (already freed, or from another allocator).
         """
         if allocation.address == 0:
-            return self._event("free", _Tally(), allocation, rounded_bytes=0)
+            return self._handle_event("free", _Tally(), allocation, 0)
         block = self._live.get(allocation.address)
         if block is None or block.allocation_id != allocation.allocation_id:
             raise ValueError(f"invalid device pointer: {allocation.address:#x} is not allocated")
         del self._live[allocation.address]
-        tally = _Tally(latency_s=self._spec.cached_free_latency_s)
         block.allocated = False
-        stats = block.pool.stats
-        self._update("allocation", stats, -1)
-        self._update("allocated_bytes", stats, -block.size)
+        _shrink(block.pool.allocated_counts, 1)
+        _shrink(block.pool.allocated_bytes, block.size)
         if block.size >= self._max_split:
-            self._update("oversize_allocations", self._oversize, -1)
+            _shrink(self._oversize["oversize_allocations"], 1)
         if block.pool.private:
             self._reserved_pools[block.pool.name].live_count -= 1
         self._free_block(block)
         rounded = round_size(allocation.requested_bytes, self._spec)
-        return self._event("free", tally, allocation, rounded_bytes=rounded)
+        return self._handle_event("free", self._cached_free_tally, allocation, rounded)
 
     def empty_cache(self) -> MemoryEvent:
         """``torch.npu.empty_cache()``: synchronise, free every unsplit cached segment of the
         general pools and unmap the free pages of expandable segments. Reserved pools stay."""
         tally = _Tally()
         self._release_cached_blocks(tally)
-        return self._event("empty_cache", tally, None, rounded_bytes=0)
+        return self._event("empty_cache", tally, rounded_bytes=0)
 
     def take_device_memory(self, size_bytes: int, *, what: str) -> MemoryEvent:
         """``size_bytes`` of HBM taken by another library with its own ``aclrtMalloc`` (HCCL's
@@ -640,12 +670,12 @@ class NpuCachingAllocator:
             raise OutOfMemoryError(
                 self._oom_message(size_bytes, size_bytes, size_bytes, what),
                 requested_bytes=size_bytes,
-                event=self._event("external", tally, None, rounded_bytes=size_bytes, requested_bytes=size_bytes),
+                event=self._event("external", tally, rounded_bytes=size_bytes, requested_bytes=size_bytes),
             )
         self._external_bytes += size_bytes
         tally.device_mallocs += 1
         tally.device_malloc_bytes += size_bytes
-        return self._event("external", tally, None, rounded_bytes=size_bytes, requested_bytes=size_bytes,
+        return self._event("external", tally, rounded_bytes=size_bytes, requested_bytes=size_bytes,
                            block_bytes=size_bytes)
 
     @property
@@ -682,7 +712,7 @@ class NpuCachingAllocator:
             block = self._alloc_segment(block_pool, stream, region_bytes, tally)
         if block is None:
             self._num_ooms += 1
-            event = self._event("reserve_pool", tally, None, rounded_bytes=region_bytes)
+            event = self._event("reserve_pool", tally, rounded_bytes=region_bytes)
             raise OutOfMemoryError(
                 self._oom_message(region_bytes, size_bytes, region_bytes, f"reserved pool {name!r}"),
                 requested_bytes=size_bytes,
@@ -691,7 +721,7 @@ class NpuCachingAllocator:
         block_pool.blocks.add(block)
         self._reserved_pools[name] = _ReservedPool(name, stream, block_pool, block.segment)
         return self._event(
-            "reserve_pool", tally, None, rounded_bytes=region_bytes, pool=name, stream=stream,
+            "reserve_pool", tally, rounded_bytes=region_bytes, pool=name, stream=stream,
             address=block.address, block_bytes=region_bytes,
         )
 
@@ -715,7 +745,7 @@ class NpuCachingAllocator:
         self._release_block(block, tally)
         del self._reserved_pools[name]
         return self._event(
-            "release_pool", tally, None, rounded_bytes=size, pool=name, stream=reserved.stream,
+            "release_pool", tally, rounded_bytes=size, pool=name, stream=reserved.stream,
             address=address, block_bytes=size,
         )
 
@@ -798,19 +828,37 @@ class NpuCachingAllocator:
 
     def _alloc_general(self, orig_size: int, stream: int) -> tuple[Allocation, MemoryEvent]:
         spec = self._spec
-        tally = _Tally(latency_s=spec.cached_alloc_latency_s)
         size = round_size(orig_size, spec)
         pool = self._small if size <= spec.small_size_bytes else self._large
-        alloc_size = allocation_size(size, spec)
-
         block = self._get_free_block(pool, stream, size)
         cache_hit = block is not None
-        if block is None:
-            if self._gc_enabled:
-                self._garbage_collect_cached_blocks(tally)
+        if cache_hit:
+            tally = self._cache_hit_tally
+        else:
+            tally = _Tally(latency_s=spec.cached_alloc_latency_s)
+            block = self._alloc_uncached(pool, stream, orig_size, size, tally)
+        if self._config.expandable_segments and size >= spec.round_large_bytes:
+            block = self._align_expandable(block, size)
+        split = self._should_split(block, size)
+        handle = self._alloc_found_block(block, size, orig_size, split)
+        return handle, self._handle_event("alloc", tally, handle, size, cache_hit)
+
+    def _alloc_uncached(
+        self, pool: _BlockPool, stream: int, orig_size: int, size: int, tally: _Tally
+    ) -> _Block:
+        """torch_npu ``malloc`` when no cached block fits: a new segment, after freeing cache
+        as the settings allow; failing that, the whole unsplit cache is freed and the segment
+        tried once more.
+
+        Raises:
+            OutOfMemoryError: even that failed.
+        """
+        alloc_size = allocation_size(size, self._spec)
+        if self._gc_enabled:
+            self._garbage_collect_cached_blocks(tally)
+        block = self._alloc_block(pool, stream, size, alloc_size, tally)
+        if block is None and self._release_available_cached_blocks(pool, stream, size, tally):
             block = self._alloc_block(pool, stream, size, alloc_size, tally)
-            if block is None and self._release_available_cached_blocks(pool, stream, size, tally):
-                block = self._alloc_block(pool, stream, size, alloc_size, tally)
         if block is None:
             # Free every unsplit cached segment and retry once (torch_npu counts the retry).
             self._release_cached_blocks(tally)
@@ -820,7 +868,7 @@ class NpuCachingAllocator:
         if block is None:
             self._num_ooms += 1
             event = self._event(
-                "alloc", tally, None, rounded_bytes=size, pool=pool.name, stream=stream,
+                "alloc", tally, rounded_bytes=size, pool=pool.name, stream=stream,
                 requested_bytes=orig_size,
             )
             raise OutOfMemoryError(
@@ -828,14 +876,7 @@ class NpuCachingAllocator:
                 requested_bytes=orig_size,
                 event=event,
             )
-
-        if self._config.expandable_segments and size >= spec.round_large_bytes:
-            block = self._align_expandable(block, size)
-        split = self._should_split(block, size)
-        handle = self._alloc_found_block(block, size, orig_size, split)
-        return handle, self._event(
-            "alloc", tally, handle, rounded_bytes=size, cache_hit=cache_hit
-        )
+        return block
 
     def _alloc_reserved(
         self, orig_size: int, stream: int, reserved: _ReservedPool
@@ -852,7 +893,7 @@ class NpuCachingAllocator:
         if i == len(blocks):
             self._num_ooms += 1
             event = self._event(
-                "alloc", tally, None, rounded_bytes=size, pool=reserved.name, stream=stream,
+                "alloc", tally, rounded_bytes=size, pool=reserved.name, stream=stream,
                 requested_bytes=orig_size,
             )
             largest = max((b.size for b in blocks), default=0)
@@ -871,7 +912,7 @@ class NpuCachingAllocator:
         split = block.size - size >= self._spec.min_block_bytes
         handle = self._alloc_found_block(block, size, orig_size, split)
         reserved.live_count += 1
-        return handle, self._event("alloc", tally, handle, rounded_bytes=size, cache_hit=True)
+        return handle, self._handle_event("alloc", tally, handle, size, True)
 
     def _get_free_block(self, pool: _BlockPool, stream: int, size: int) -> _Block | None:
         """torch_npu ``get_free_block``: best fit by (stream, size, address)."""
@@ -880,9 +921,12 @@ class NpuCachingAllocator:
                 b.gc_count += 1
         blocks = pool.blocks
         i = blocks.lower_bound((stream, size, 0))
-        if i == len(blocks) or blocks.at(i).stream != stream:
+        if i == len(blocks):
             return None
-        if blocks.at(i).segment.expandable:
+        block = blocks.at(i)
+        if block.stream != stream:
+            return None
+        if block.segment.expandable:
             # Prefer, among the larger blocks, one that can grow less into unmapped space.
             def expandable_size(b: _Block) -> int:
                 return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
@@ -894,7 +938,7 @@ class NpuCachingAllocator:
                 and expandable_size(blocks.at(i + 1)) < expandable_size(blocks.at(i))
             ):
                 i += 1
-        block = blocks.at(i)
+            block = blocks.at(i)
         if size < self._max_split and block.size >= self._max_split:
             return None  # an oversize block is not handed to a smaller request
         if size >= self._max_split and block.size >= size + self._spec.large_buffer_bytes:
@@ -937,34 +981,29 @@ class NpuCachingAllocator:
             remaining.size -= size
             pool.blocks.add(remaining)
             if already_split and not expandable:
-                self._update("inactive_split_bytes", stats, -block.size)
+                _shrink(stats["inactive_split_bytes"], block.size)
             elif not expandable:
-                self._update("inactive_split_bytes", stats, remaining.size)
-                self._update("inactive_split", stats, 1)
+                _grow(stats["inactive_split_bytes"], remaining.size)
+                _grow(stats["inactive_split"], 1)
         elif already_split and not expandable:
-            self._update("inactive_split_bytes", stats, -block.size)
-            self._update("inactive_split", stats, -1)
+            _shrink(stats["inactive_split_bytes"], block.size)
+            _shrink(stats["inactive_split"], 1)
 
         block.allocated = True
         block.requested_bytes = orig_size
         block.allocation_id = next(self._ids)
         self._live[block.address] = block
-        self._update("allocation", stats, 1)
-        self._update("allocated_bytes", stats, block.size)
-        self._update("active", stats, 1)
-        self._update("active_bytes", stats, block.size)
-        self._update("requested_bytes", stats, orig_size)
+        _grow(pool.allocated_counts, 1)
+        _grow(pool.allocated_bytes, block.size)
+        _grow(stats["requested_bytes"], orig_size)
         if block.size >= self._max_split:
-            self._update("oversize_allocations", self._oversize, 1)
-        return _from_fields(Allocation, {
-            "allocation_id": block.allocation_id, "address": block.address, "size_bytes": block.size,
-            "requested_bytes": orig_size, "stream": block.stream, "pool": pool.name,
-        })
+            _grow(self._oversize["oversize_allocations"], 1)
+        return Allocation(block.allocation_id, block.address, block.size, orig_size, block.stream, pool.name)
 
     def _free_block(self, block: _Block) -> None:
-        """torch_npu ``free_block``: merge with free neighbours, return to the pool."""
+        """torch_npu ``free_block``: merge with free neighbours, return to the pool. (The caller
+        moved the allocation and active counters.)"""
         pool = block.pool
-        original_size = block.size
         requested = block.requested_bytes
         net_blocks = 0
         net_bytes = 0
@@ -979,11 +1018,9 @@ class NpuCachingAllocator:
             net_bytes += block.size
         stats = pool.stats
         if not block.segment.expandable:
-            self._update("inactive_split", stats, net_blocks)
-            self._update("inactive_split_bytes", stats, net_bytes)
-        self._update("active", stats, -1)
-        self._update("active_bytes", stats, -original_size)
-        self._update("requested_bytes", stats, -requested)
+            _move(stats["inactive_split"], net_blocks)
+            _move(stats["inactive_split_bytes"], net_bytes)
+        _shrink(stats["requested_bytes"], requested)
         block.requested_bytes = 0
         block.allocation_id = 0
 
@@ -1042,10 +1079,10 @@ class NpuCachingAllocator:
         tally.device_malloc_bytes += size
         self._num_device_alloc += 1
         stats = pool.stats
-        self._update("segment", stats, 1)
-        self._update("reserved_bytes", stats, size)
+        _grow(stats["segment"], 1)
+        _grow(stats["reserved_bytes"], size)
         if size >= self._max_split:
-            self._update("oversize_segments", self._oversize, 1)
+            _grow(self._oversize["oversize_segments"], 1)
         return _Block(segment.address, size, stream, pool, segment)
 
     def _release_block(self, block: _Block, tally: _Tally) -> None:
@@ -1059,10 +1096,10 @@ class NpuCachingAllocator:
         tally.device_free_bytes += block.size
         self._num_device_free += 1
         stats = pool.stats
-        self._update("segment", stats, -1)
-        self._update("reserved_bytes", stats, -block.size)
+        _shrink(stats["segment"], 1)
+        _shrink(stats["reserved_bytes"], block.size)
         if block.size >= self._max_split:
-            self._update("oversize_segments", self._oversize, -1)
+            _shrink(self._oversize["oversize_segments"], 1)
 
     def _synchronize(self, tally: _Tally, *, whole_device: bool = True) -> None:
         """Device synchronisation (``npuSynchronizeDevice``), or one stream's when unmapping."""
@@ -1244,7 +1281,7 @@ class NpuCachingAllocator:
         self._try_merge_blocks(block, block.prev)
         self._try_merge_blocks(block, block.next)
         pool.blocks.add(block)
-        self._update("reserved_bytes", pool.stats, mapped)
+        _grow(pool.stats["reserved_bytes"], mapped)
         return True
 
     def _unmap_block(self, block: _Block, tally: _Tally) -> None:
@@ -1286,7 +1323,7 @@ class NpuCachingAllocator:
         self._try_merge_blocks(block, block.next)
         pool.unmapped.add(block)
         self._reserved_total -= unmapped
-        self._update("reserved_bytes", pool.stats, -unmapped)
+        _shrink(pool.stats["reserved_bytes"], unmapped)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -1299,21 +1336,9 @@ class NpuCachingAllocator:
         pool = _BlockPool(name, is_small, private)
         types = ("all",) if private else ("all", "small_pool" if is_small else "large_pool")
         pool.stats = {stat: tuple(self._stats[stat][t] for t in types) for stat in _STAT_NAMES}
+        pool.allocated_counts = pool.stats["allocation"] + pool.stats["active"]
+        pool.allocated_bytes = pool.stats["allocated_bytes"] + pool.stats["active_bytes"]
         return pool
-
-    @staticmethod
-    def _update(name: str, stats: dict[str, tuple[_Stat, ...]], amount: int) -> None:
-        """Move statistic ``name`` by ``amount`` in its counters in ``stats`` (a pool's, or the
-        oversize ones): current, peak, and the running totals allocated and freed."""
-        for stat in stats[name]:
-            current = stat.current + amount
-            stat.current = current
-            if current > stat.peak:  # noqa: PLR1730 (not max(): a comparison costs less than a call here)
-                stat.peak = current
-            if amount > 0:
-                stat.allocated += amount
-            else:
-                stat.freed -= amount
 
     def _all_pools(self) -> list[_BlockPool]:
         return [self._small, self._large, *(r.pool for r in self._reserved_pools.values())]
@@ -1352,39 +1377,32 @@ class NpuCachingAllocator:
         self,
         action: Literal["alloc", "free", "empty_cache", "reserve_pool", "release_pool", "external"],
         tally: _Tally,
-        handle: Allocation | None,
         *,
         rounded_bytes: int,
+        pool: str = "none",
+        stream: int = 0,
+        requested_bytes: int = 0,
+        address: int = 0,
+        block_bytes: int = 0,
         cache_hit: bool = False,
-        pool: str | None = None,
-        stream: int | None = None,
-        requested_bytes: int | None = None,
-        address: int | None = None,
-        block_bytes: int | None = None,
     ) -> MemoryEvent:
-        return _from_fields(MemoryEvent, {
-            "action": action,
-            "latency_s": tally.latency_s,
-            "requested_bytes": (
-                requested_bytes if requested_bytes is not None
-                else handle.requested_bytes if handle else 0
-            ),
-            "rounded_bytes": rounded_bytes,
-            "block_bytes": (
-                block_bytes if block_bytes is not None else handle.size_bytes if handle else 0
-            ),
-            "address": address if address is not None else handle.address if handle else 0,
-            "pool": pool if pool is not None else handle.pool if handle else "none",
-            "stream": stream if stream is not None else handle.stream if handle else 0,
-            "cache_hit": cache_hit,
-            "device_mallocs": tally.device_mallocs,
-            "device_malloc_bytes": tally.device_malloc_bytes,
-            "failed_device_mallocs": tally.failed_device_mallocs,
-            "device_frees": tally.device_frees,
-            "device_free_bytes": tally.device_free_bytes,
-            "synchronizations": tally.synchronizations,
-            "cache_flushed": tally.cache_flushed,
-            "alloc_retried": tally.alloc_retried,
-            "allocated_bytes": self._all_allocated_bytes.current,
-            "reserved_bytes": self._reserved_total,
-        })
+        """The event of a call that did ``tally``'s work, with the device totals after it."""
+        return MemoryEvent(
+            action, tally.latency_s, requested_bytes, rounded_bytes, block_bytes, address, pool, stream,
+            cache_hit, tally.device_mallocs, tally.device_malloc_bytes, tally.failed_device_mallocs,
+            tally.device_frees, tally.device_free_bytes, tally.synchronizations, tally.cache_flushed,
+            tally.alloc_retried, self._all_allocated_bytes.current, self._reserved_total,
+        )
+
+    def _handle_event(
+        self, action: Literal["alloc", "free"], tally: _Tally, handle: Allocation, rounded_bytes: int,
+        cache_hit: bool = False,
+    ) -> MemoryEvent:
+        """:meth:`_event` of an ``alloc`` or ``free`` of ``handle`` (the hot path: positional)."""
+        return MemoryEvent(
+            action, tally.latency_s, handle.requested_bytes, rounded_bytes, handle.size_bytes,
+            handle.address, handle.pool, handle.stream,
+            cache_hit, tally.device_mallocs, tally.device_malloc_bytes, tally.failed_device_mallocs,
+            tally.device_frees, tally.device_free_bytes, tally.synchronizations, tally.cache_flushed,
+            tally.alloc_retried, self._all_allocated_bytes.current, self._reserved_total,
+        )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import statistics
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import Any, Literal, TypeVar
 
@@ -23,8 +24,8 @@ def build_record(cls: type[_Record], fields: dict[str, Any]) -> _Record:
     ``cls`` in the order the class declares them, without ``model_construct``'s loop over each
     field's aliases and default.
 
-    The simulator builds one record per op and per allocator call, and that loop was a quarter
-    of a memory-modelled run's time. ``fields`` becomes the record's ``__dict__`` (do not reuse
+    The simulator builds one record per op (and per allocator call, :func:`build_records`), and
+    that loop was a quarter of a memory-modelled run's time. ``fields`` becomes the record's ``__dict__`` (do not reuse
     it), and its order is the order ``to_json`` writes the keys in. For the record models of
     this module, which have no aliases, private attributes, ``model_post_init`` or extra fields.
     """
@@ -34,6 +35,31 @@ def build_record(cls: type[_Record], fields: dict[str, Any]) -> _Record:
     _set(record, "__pydantic_extra__", None)
     _set(record, "__pydantic_private__", None)
     return record
+
+
+def build_records(cls: type[_Record], names: tuple[str, ...], rows: Iterable[Sequence[Any]]) -> list[_Record]:
+    """:func:`build_record` for many records of ``cls``: ``names`` are every field of ``cls`` in
+    its order, and each row holds their values.
+
+    The records share one set of field names as their ``model_fields_set``: a long
+    memory-modelled run makes hundreds of thousands of records, and a set apiece doubled the
+    objects they bring for the garbage collector to traverse (a record's ``__dict__`` of
+    numbers and strings is not tracked). Sharing is safe for the frozen record models of this
+    module: pydantic changes a model's set only when a field is assigned, and copies
+    (``model_copy`` too) take their own.
+    """
+    fields_set = set(names)
+    new = cls.__new__
+    records = []
+    append = records.append
+    for values in rows:
+        record = new(cls)
+        _set(record, "__dict__", dict(zip(names, values)))
+        _set(record, "__pydantic_fields_set__", fields_set)
+        _set(record, "__pydantic_extra__", None)
+        _set(record, "__pydantic_private__", None)
+        append(record)
+    return records
 
 
 class CommInfo(BaseModel):

@@ -10,14 +10,14 @@ with :meth:`NPU.from_numpy`: those carry data, and operators on them compute the
 from __future__ import annotations
 
 import difflib
-import functools
 import hashlib
 import math
 import numbers
+import operator
 import os
 import sys
 import weakref
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +28,16 @@ from . import numerics
 from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
 from .costs import COST_MODELS, OpCost, OpSpec, conv_output_hw, op_cost, op_workspace_bytes
 from .hardware import HardwareSpec, load_hardware
-from .profile import CommInfo, MemoryRecord, OpChecks, OpRecord, Profile, StepMemory, build_record
+from .profile import (
+    CommInfo,
+    MemoryRecord,
+    OpChecks,
+    OpRecord,
+    Profile,
+    StepMemory,
+    build_record,
+    build_records,
+)
 from .units import DTYPE_BYTES
 
 _RUNTIME_FILE = os.path.normcase(os.path.abspath(__file__))
@@ -357,22 +366,47 @@ def _copies(group: tuple[int, ...], devices: int) -> list[tuple[int, ...]]:
     return copies
 
 
-class _StepMemoryTally:
-    """Allocator activity within one step."""
+#: Where each field of a :class:`MemoryEvent` sits in a noted allocator call: ``(step, device
+#: clock) + event``, a plain tuple of numbers and strings (see :meth:`NPU._note_memory`).
+_CALL_INDEX = {name: 2 + i for i, name in enumerate(MemoryEvent._fields)}
+_MEMORY_RECORD_FIELDS = tuple(MemoryRecord.model_fields)  # step, time_s, then fields of the event
+_memory_record_values = operator.itemgetter(0, 1, *(_CALL_INDEX[name] for name in _MEMORY_RECORD_FIELDS[2:]))
 
-    def __init__(self) -> None:
+
+class _HeldMemory(weakref.ref):
+    """A weak reference to a tensor that holds device memory: the allocation, and the tensor's
+    id (its key in ``NPU._finalizers``). Its callback, :meth:`NPU._release`, gives the memory
+    back when the tensor goes; one object per tensor, where a plain reference took a partial of
+    a bound method too."""
+
+    __slots__ = ("handle", "key")
+
+    def __new__(cls, tensor: Tensor, callback: Callable[[_HeldMemory], None], handle: Allocation):
+        return super().__new__(cls, tensor, callback)  # weakref.ref takes the referent and the callback only
+
+    def __init__(self, tensor: Tensor, callback: Callable[[_HeldMemory], None], handle: Allocation) -> None:
+        super().__init__(tensor, callback)
+        self.handle = handle
+        self.key = id(tensor)
+
+
+class _StepMemoryTally:
+    """Allocator activity within one step, summed over its noted calls when the step closes."""
+
+    def __init__(self, calls: Iterable[tuple]) -> None:
         self.allocs = self.frees = self.device_mallocs = self.device_frees = self.retries = 0
         self.alloc_time_s = 0.0
-
-    def add(self, event: MemoryEvent) -> None:
-        if event.action == "alloc":
-            self.allocs += 1
-        elif event.action == "free":
-            self.frees += 1
-        self.device_mallocs += event.device_mallocs
-        self.device_frees += event.device_frees
-        self.retries += int(event.alloc_retried)
-        self.alloc_time_s += event.latency_s
+        action, mallocs, frees, retried, latency = (
+            _CALL_INDEX[name] for name in ("action", "device_mallocs", "device_frees", "alloc_retried", "latency_s"))
+        for call in calls:
+            if call[action] == "alloc":
+                self.allocs += 1
+            elif call[action] == "free":
+                self.frees += 1
+            self.device_mallocs += call[mallocs]
+            self.device_frees += call[frees]
+            self.retries += int(call[retried])
+            self.alloc_time_s += call[latency]
 
 
 class NPU:
@@ -428,15 +462,17 @@ class NPU:
         self.allocator = NpuCachingAllocator(hardware, allocator) if self.memory else None
         self._pending_stall_s = 0.0
         self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
-        self._step_memory = _StepMemoryTally()
         self._memory_steps: list[StepMemory] = []
         #: For each live tensor holding memory (by id): a weak reference whose callback gives
         #: the memory back when the tensor goes. Held here, not in weakref.finalize's registry,
         #: whose strong references to this NPU kept every memory-modelling NPU alive as long as
         #: one of its tensors was (the job-long tensors of simulator.models: for ever).
-        self._finalizers: dict[int, weakref.ref] = {}
+        self._finalizers: dict[int, _HeldMemory] = {}
+        self._release_callback = self._release  # one bound method for every tensor's reference
         self._communicators: set[frozenset[int]] = set()  # HCCL groups used so far
-        self._memory_events: list[MemoryRecord] = []
+        #: Every allocator call, as ``(step, device clock) + event`` (:meth:`_note_memory`).
+        self._memory_calls: list[tuple] = []
+        self._step_first_call = 0  # index in _memory_calls of the open step's first call
         #: For each view: the tensor that owns its allocation, and the view's offset in it.
         self._views: weakref.WeakKeyDictionary[Tensor, tuple[Tensor, int]] = weakref.WeakKeyDictionary()
         self._delivered = 0  # online collection: records handed to the callbacks so far
@@ -672,9 +708,9 @@ class NPU:
         """Give ``tensor``'s memory back to the caching allocator now (as ``del`` does when the
         last reference goes). An op that is later given ``tensor`` raises ``ValueError`` (a use
         after free)."""
-        finalizer = self._finalizers.pop(id(tensor), None)
-        if finalizer is not None:
-            finalizer.__callback__(None)  # the reference, no longer registered, then gives nothing back
+        held = self._finalizers.get(id(tensor))
+        if held is not None:
+            self._release(held)  # the reference, no longer registered, then gives nothing back
             tensor.__dict__["_freed"] = True  # a later op that reads or writes it is a use after free
 
     # -- memory --------------------------------------------------------------------------------
@@ -687,8 +723,8 @@ class NPU:
             return tensor
         handle, event = self.allocator.alloc(tensor.nbytes)
         self._note_memory(event)
-        key = id(tensor)
-        self._finalizers[key] = weakref.ref(tensor, functools.partial(self._release, handle, key))
+        held = _HeldMemory(tensor, self._release_callback, handle)
+        self._finalizers[held.key] = held
         self._charge(event, charge_last)
         return tensor
 
@@ -745,25 +781,25 @@ class NPU:
         self._charge(event)
         self._note_memory(self.allocator.free(handle))
 
-    def _release(self, handle: Allocation, key: int, ref: weakref.ref | None = None) -> None:
-        """Give ``handle`` back: called by :meth:`free` (``ref`` None) or by the tensor's weak
-        reference when the tensor goes. A reference that is no longer the registered one (the
-        tensor was freed explicitly, or its id now belongs to another tensor) gives nothing back."""
-        if ref is not None and self._finalizers.get(key) is not ref:
+    def _release(self, held: _HeldMemory) -> None:
+        """Give ``held``'s memory back: called by :meth:`free` or by the weak reference itself
+        when the tensor goes. A reference that is no longer the registered one (the tensor was
+        freed explicitly, or its id now belongs to another tensor) gives nothing back."""
+        if self._finalizers.get(held.key) is not held:
             return
-        self._finalizers.pop(key, None)
-        self._note_memory(self.allocator.free(handle))
+        del self._finalizers[held.key]
+        self._note_memory(self.allocator.free(held.handle))
 
     def _note_memory(self, event: MemoryEvent) -> None:
-        self._step_memory.add(event)
-        self._memory_events.append(build_record(MemoryRecord, {  # every field, in MemoryRecord's order
-            "step": self._step, "time_s": self._clock_s, "action": event.action,
-            "requested_bytes": event.requested_bytes, "block_bytes": event.block_bytes, "address": event.address,
-            "pool": event.pool, "stream": event.stream, "latency_s": event.latency_s,
-            "device_mallocs": event.device_mallocs, "device_frees": event.device_frees,
-            "alloc_retried": event.alloc_retried, "allocated_bytes": event.allocated_bytes,
-            "reserved_bytes": event.reserved_bytes,
-        }))
+        """Keep an allocator call for the step's tally and the profile's memory records, as a
+        plain tuple: one of numbers and strings only, which the garbage collector stops
+        tracking (a long run keeps hundreds of thousands of them; records, each a model and a
+        set, are made once, in :meth:`profile`)."""
+        self._memory_calls.append((self._step, self._clock_s) + event)
+
+    def _memory_records(self) -> list[MemoryRecord]:
+        """The profile's record of every allocator call."""
+        return build_records(MemoryRecord, _MEMORY_RECORD_FIELDS, map(_memory_record_values, self._memory_calls))
 
     def _out(self, shape: Sequence[int], dtype: str, values: numerics.Values | None = None) -> Tensor:
         """An op's output tensor, allocated (and its stall charged to the op just emitted), with
@@ -1475,7 +1511,7 @@ class NPU:
             self._memory_steps.append(None)
             return
         stats = self.allocator.stats()
-        t = self._step_memory
+        t = _StepMemoryTally(self._memory_calls[self._step_first_call:])
         self._memory_steps.append(StepMemory.model_construct(
             step=self._step, allocated_peak_bytes=stats.allocated_bytes_peak, reserved_peak_bytes=stats.reserved_bytes_peak,
             allocated_end_bytes=stats.allocated_bytes, reserved_end_bytes=stats.reserved_bytes,
@@ -1484,7 +1520,7 @@ class NPU:
             alloc_retries=t.retries, alloc_time_s=t.alloc_time_s,
         ))
         self.allocator.reset_peak_stats()
-        self._step_memory = _StepMemoryTally()
+        self._step_first_call = len(self._memory_calls)
 
     def _next_step(self) -> None:
         self._close_step()
@@ -1513,7 +1549,7 @@ class NPU:
             workload_fingerprint=digest.hexdigest()[:16],
             ops=self._records,
             memory=[m for m in self._memory_steps if m is not None],
-            memory_events=self._memory_events,
+            memory_events=self._memory_records(),
             collection=self.collection,
         )
 

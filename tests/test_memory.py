@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 import simulator
 from simulator.allocator import OutOfMemoryError
@@ -427,6 +428,13 @@ def test_records_hold_every_field_in_the_models_order() -> None:
         assert list(record.__dict__) == fields
         assert record.model_fields_set == set(fields)
         assert type(record).model_validate(record.model_dump()) == record
+    # memory records share one field set (profile.build_records); nothing may change it in place:
+    # they are frozen, and a copy takes its own set
+    first, second = profile.memory_events[:2]
+    assert first.model_fields_set is second.model_fields_set
+    with pytest.raises(ValidationError):
+        first.step = 1
+    assert first.model_copy(update={"step": 1}).model_fields_set is not first.model_fields_set
 
 
 def test_a_memory_modelling_npu_does_not_outlive_its_job() -> None:
@@ -476,7 +484,7 @@ def test_a_stale_weak_reference_gives_nothing_back() -> None:
         callback = ref.__callback__
         npu.free(t)
         callback(ref)  # as if the weak reference fired after the explicit free
-        seen["events"] = [e.action for e in npu._memory_events]
+        seen["events"] = [record.action for record in npu._memory_records()]
 
     simulator.run(work, memory=True)
     assert seen["events"] == ["alloc", "free"]
