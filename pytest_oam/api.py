@@ -74,7 +74,7 @@ MODEL_PARAMETERS: dict[str, tuple[type, str]] = {
     "batch_size": (int, "micro-batch per data-parallel replica (default 1)"),
     "tensor_parallel": (int, ("Megatron tensor-parallel size; data parallelism takes the other cards "
                              "(default: one HCCS group, as far as the heads allow)")),
-    "dtype": (str, "compute dtype: fp16, fp32, or bf16 on the 910B (default fp16)"),
+    "dtype": (str, "compute dtype: fp16, or bf16 on the 910B (default fp16)"),
     "block_size": (int, "FlashAttention block, a multiple of 16 (default 128)"),
     "pipeline_stages": (int, ("FlashAttention buffers in flight, i.e. DMA/compute overlap inside the "
                              "kernel; not pipeline parallelism (default 2)")),

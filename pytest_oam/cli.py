@@ -295,8 +295,13 @@ def _min_delta_s(min_delta_us: float) -> float:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .api import compare_profiles, load_any
+    from .compare import check_alpha
     from .thresholds import parse_entry
 
+    try:
+        check_alpha(args.alpha)
+    except ValueError as exc:
+        raise ValueError(f"--alpha: {exc}") from None
     default, per_op = "10%", {}
     for entry in args.threshold:
         if "=" in entry:

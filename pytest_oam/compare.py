@@ -9,6 +9,7 @@ This module imports neither pytest nor the simulator runtime.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import statistics
 from dataclasses import dataclass, field
 
@@ -288,7 +289,7 @@ SIGNIFICANCE_ALPHA = 0.05
 
 def check_alpha(alpha: object) -> None:
     """Raise ``ValueError`` unless ``alpha`` is a significance level strictly between 0 and 1."""
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
         raise ValueError(f"alpha must be between 0 and 1, got {alpha!r}")
 
 

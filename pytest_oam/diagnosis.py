@@ -102,31 +102,38 @@ def _advice(
     return tips
 
 
-def _flush_sites(profile: Profile | None) -> str:
-    """Where the flushes of ``profile``'s warm steps stalled: step, op, wait and call site."""
+def _flush_sites(profile: Profile | None) -> tuple[str, list[tuple[str, float]]]:
+    """Where the flushes of ``profile``'s warm steps stalled: a text naming step, op and wait of
+    the first three, and the call sites with the seconds they waited in all warm steps."""
     if profile is None:
-        return ""
+        return "", []
     from .compare import warm_steps
 
     warm = warm_steps(profile.steps)
     stalled = [op for op in profile.ops if op.alloc_retries and op.step in warm]
     if not stalled:
-        return ""
+        return "", []
     named = "; ".join(f"step {op.step}: {op.name} ({op.op_type}) waited {op.alloc_stall_s * 1e3:.2f} ms"
-                      + (f" at {op.source}" if op.source else "") for op in stalled[:3])
+                      for op in stalled[:3])
     more = f"; and {len(stalled) - 3} more" if len(stalled) > 3 else ""
-    return f"; the flushes stalled {named}{more}"
+    sites: dict[str, float] = {}
+    for op in stalled:
+        if op.source:
+            sites[op.source] = sites.get(op.source, 0.0) + op.alloc_stall_s
+    return f"; the flushes stalled {named}{more}", sorted(sites.items(), key=lambda kv: -kv[1])
 
 
 def _memory_finding(v, profile: Profile | None = None) -> Finding:
     """A regression of peak device memory, of allocator time or of cache flushes (with the ops
     the flushes stalled, when ``profile`` is given)."""
+    sites: list[tuple[str, float]] = []
     if v.unit == "count":
         from .report import fmt_value
 
+        stalled, sites = _flush_sites(profile)
         what = (f"allocations that flushed the caching allocator's cache and retried: {fmt_value(v.baseline_s, 'count')}"
                 f" -> {fmt_value(v.current_s, 'count')} (each flush synchronises the device and frees every unsplit "
-                f"cached segment, then the next allocations call aclrtMalloc again){_flush_sites(profile)}")
+                f"cached segment, then the next allocations call aclrtMalloc again){stalled}")
         tip = ("the cache fragments until a new segment no longer fits: sizes that change from step to step leave "
                "cached blocks no later tensor fits; pre-allocate a pool for those tensors, use expandable_segments, "
                "or pad sizes to a few buckets")
@@ -141,7 +148,7 @@ def _memory_finding(v, profile: Profile | None = None) -> Finding:
                "pre-allocate a pool for tensors whose size changes every step, or compare the allocator settings "
                "(expandable_segments maps memory page by page)")
     return Finding(op_type=v.op_type, severity=MEMORY_REGRESSION_SEVERITY, delta_s=0.0, step_share_frac=0.0, counters=[],
-                   call_sites=[], advice=[f"{what}: {tip}"])
+                   call_sites=sites, advice=[f"{what}: {tip}"])
 
 
 def _call_sites(profile: Profile | None, op_type: str) -> list[tuple[str, float]]:

@@ -66,9 +66,13 @@ class GateInputs:
 
 
 def display_site(site: str, invocation_dir: str | None) -> str:
-    """A ``file:line`` call site with the file relative to ``invocation_dir`` when inside it."""
+    """A ``file:line`` call site (or ``file:line (in file:line)``, an op a library builder
+    issued for the user's call) with each file relative to ``invocation_dir`` when inside it."""
     from pathlib import Path
 
+    if site.endswith(")") and " (in " in site:
+        user, _, library = site[:-1].partition(" (in ")
+        return f"{display_site(user, invocation_dir)} (in {display_site(library, invocation_dir)})"
     file, sep, line = site.rpartition(":")
     if not sep or invocation_dir is None:
         return site

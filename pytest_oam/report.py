@@ -229,6 +229,7 @@ def findings_text(findings: list[Finding]) -> str:
     for f in findings:
         if f.op_type in MEMORY_ROWS:  # memory rows have no time of their own
             lines.append(f"[{f.severity}] {f.op_type}")
+            lines.extend(f"    where: {site} (waited {fmt_time(seconds)} for flushes)" for site, seconds in f.call_sites)
             lines.extend(f"    what to do: {tip}" for tip in f.advice)
             continue
         lines.append(

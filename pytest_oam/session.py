@@ -141,7 +141,8 @@ def _check_baseline_dir(folder: Path, must_exist: bool, source: str = "--oam-bas
         if tests:
             raise _usage(
                 f"{source}: {folder} holds tests ({', '.join(sorted(tests)[:3])}), not baselines; "
-                "write --oam-baseline=DIR, or put the option after the test paths"
+                + ("write --oam-baseline=DIR, or put the option after the test paths" if source == "--oam-baseline"
+                   else "name a folder of baselines")
             )
     elif must_exist:
         raise _usage(
@@ -187,14 +188,15 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
                 )
             baseline_dir = Path(config.invocation_params.dir, value)
     save_dir = (baseline_dir or default_dir) if opt.oam_save_baseline else None
-    from_ini = opt.oam_baseline == "" and "oam_baseline_dir" in config.inicfg  # set, not the default
+    named_on_command_line = opt.oam_baseline not in (None, "")
+    # the ini key (or -o oam_baseline_dir=...) names another folder than the default
+    from_ini = not named_on_command_line and (config.getini("oam_baseline_dir") or "baselines") != "baselines"
     for folder in {baseline_dir, save_dir} - {None}:
         # A folder named on the command line or in the oam_baseline_dir ini key must exist when
         # only gating (a typo would otherwise turn every test into a green no-baseline); the
         # default "baselines" may not exist yet, and each test then reports no-baseline.
-        explicit = opt.oam_baseline not in (None, "") or from_ini
-        _check_baseline_dir(folder, must_exist=explicit and save_dir is None,
-                            source="oam_baseline_dir (ini)" if from_ini else "--oam-baseline")
+        _check_baseline_dir(folder, must_exist=(named_on_command_line or from_ini) and save_dir is None,
+                            source="--oam-baseline" if named_on_command_line else "oam_baseline_dir (ini)")
     cli = _parse_entries(opt.oam_threshold or [], "--oam-threshold")
     ini = _parse_entries(config.getini("oam_thresholds"), "oam_thresholds (ini)")
     if opt.oam_hardware is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib.util
 import math
 import numbers
 import operator
@@ -128,19 +129,37 @@ def _keep_alive(*_: object) -> None:
     """Finalizer of a view: holding its base tensor as an argument keeps the base alive."""
 
 
-#: Modules whose frames are library code, not the user's: the simulator and the pytest plugin.
-_LIBRARY_PACKAGES = ("simulator", "pytest_oam")
+def _package_dir(name: str) -> str | None:
+    """The folder of installed package ``name`` (found without importing it), normalised."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return os.path.normcase(os.path.abspath(locations[0])) + os.sep if locations else None
+
+
+#: Folders whose frames are library code, not the user's: the simulator and the pytest plugin.
+_LIBRARY_DIRS = tuple(d for d in (os.path.dirname(_RUNTIME_FILE) + os.sep, _package_dir("pytest_oam")) if d)
+#: Folders of the interpreter (standard library, site-packages, the environment's scripts): a
+#: frame there is no user's line either (``python -m pytest_oam``, a thread, the ``oam`` script).
+_INTERPRETER_DIRS = tuple({os.path.normcase(os.path.abspath(p)) + os.sep for p in (sys.prefix, sys.base_prefix)})
+
+
+def _is_interpreter(filename: str) -> bool:
+    return filename.startswith("<frozen") or os.path.normcase(os.path.abspath(filename)).startswith(_INTERPRETER_DIRS)
 
 
 def _is_library(frame) -> bool:
-    name = frame.f_globals.get("__name__", "")
-    return name.split(".", 1)[0] in _LIBRARY_PACKAGES
+    return os.path.normcase(frame.f_code.co_filename).startswith(_LIBRARY_DIRS)
 
 
 def _call_site() -> str | None:
     """``file:line`` of the first frame outside this module (the call that issued the op). When
     that frame is library code (a bundled model builder such as ``training_step``), the first
-    frame of the user's code that led to it comes first: ``user.py:12 (in .../llama.py:379)``."""
+    frame of the user's code that led to it comes first: ``user.py:12 (in .../llama.py:379)``;
+    when the code that led to it is the interpreter's (``python -m pytest_oam``, the ``oam``
+    script), the builder's line alone."""
     frame = sys._getframe(2)
     while frame is not None and os.path.normcase(frame.f_code.co_filename) == _RUNTIME_FILE:
         frame = frame.f_back
@@ -152,7 +171,9 @@ def _call_site() -> str | None:
     user = frame.f_back
     while user is not None and _is_library(user):
         user = user.f_back
-    return site if user is None else f"{user.f_code.co_filename}:{user.f_lineno} (in {site})"
+    if user is None or _is_interpreter(user.f_code.co_filename):
+        return site
+    return f"{user.f_code.co_filename}:{user.f_lineno} (in {site})"
 
 
 def _overlap(overlapped_s: float, overlappable_s: float, stall_s: float) -> float:
@@ -243,7 +264,8 @@ def _make_record(
     })
 
 
-def _check_scale(op_time_scale: dict[str, float] | None, known: Collection[str]) -> dict[str, float]:
+def _check_scale(op_time_scale: dict[str, float] | None, known: Collection[str],
+                 unknown: str = "is not an op type") -> dict[str, float]:
     """``op_time_scale`` checked: every factor positive and finite, every key an op type in
     ``known`` (a typo would otherwise scale nothing, and a gate test would pass for the wrong
     reason).
@@ -256,7 +278,8 @@ def _check_scale(op_time_scale: dict[str, float] | None, known: Collection[str])
         if op_type not in known:
             near = difflib.get_close_matches(str(op_type), sorted(known), n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]!r}? op types are case-sensitive)" if near else ""
-            raise ValueError(f"op_time_scale: {op_type!r} is not an op type{hint}")
+            message = f"{op_type!r} {unknown}" if unknown.startswith("is") else f"{unknown} {op_type!r}"
+            raise ValueError(f"op_time_scale: {message}{hint}")
         if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise ValueError(f"op_time_scale[{op_type!r}] must be a positive number, got {factor!r}")
     return scale
@@ -284,7 +307,7 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
     if profile.op_summaries:
         raise ValueError("a focused profile keeps only some op records (the rest are aggregated without shapes); "
                          "re-simulating needs the full op sequence")
-    scale = _check_scale(op_time_scale, {op.op_type for op in profile.ops})
+    scale = _check_scale(op_time_scale, {op.op_type for op in profile.ops}, "this profile has no op of type")
     overhead_s = spec_hw.profiler.online_callback_overhead_s if profile.collection == "online" else 0.0
     cache: dict[OpSpec, OpCost] = {}
     records: list[OpRecord] = []

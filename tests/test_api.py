@@ -196,7 +196,7 @@ def test_bad_focus_is_an_error(kwargs, message) -> None:
     [
         ({"fusion": "false"}, "parameter fusion must be true or false, got 'false'"),
         ({"block_size": 64.0}, "parameter block_size must be an integer >= 1, got 64.0"),
-        ({"dtype": "int4"}, "parameter dtype 'int4' is not a training dtype; use one of fp16, bf16, fp32"),
+        ({"dtype": "int4"}, "parameter dtype 'int4' is not a training dtype; use one of fp16, bf16"),
         ({"dtype": "bf16"}, "parameter dtype 'bf16' has no Cube rate on ascend910; known: fp16, int8"),
         ({"tensor_parallel": 3}, "parameter tensor_parallel=3 does not divide the 8 cards"),
         ({"seq_len": 100}, "seq_len applies only without a dataset"),

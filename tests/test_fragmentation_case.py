@@ -74,9 +74,11 @@ def test_taking_the_pool_away_fails_the_gate_and_names_the_flushes(pytester) -> 
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*alloc_retries*none*10 per 1,000 steps*REGRESSED (mean over steps)*",
+        "*[[]warning[]] alloc_retries",
+        "*where: test_case.py:* (in *llama.py:*) (waited * for flushes)",
         ("*flushed the caching allocator's cache and retried: none -> 10 per 1,000 steps*; the flushes stalled "
-         "step 64: loss.grad (CrossEntropyGrad) waited 1.32 ms at *test_case.py:* (in *llama.py:*); "
-         "step 64: layers.6.attn.core.grad (FlashAttentionGrad) waited 0.22 ms at *; and 1 more*"),
+         "step 64: loss.grad (CrossEntropyGrad) waited 1.32 ms; step 64: layers.6.attn.core.grad "
+         "(FlashAttentionGrad) waited 0.22 ms; step 182: lm_head (MatMul) waited 0.47 ms; and 1 more*"),
         ("*frequent-alloc*allocations flushed the cache and retried in steps 64, 182, 241, about every 88.5 steps; "
          "in step 64 loss.grad (CrossEntropyGrad) waited 1.32 ms for it (24 device frees, 1 device malloc) and took "
          "2.12 ms against 0.80 ms in the other steps; its DMA/compute overlap fell from 99% to 34%; "

@@ -273,9 +273,12 @@ def test_a_missing_ini_baseline_dir_is_an_error_when_only_gating(pytester) -> No
     result = pytester.runpytest("--oam-baseline")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*oam_baseline_dir (ini): baseline folder *perf/bsae does not exist*"])
+    result = pytester.runpytest("--oam-baseline", "-o", "oam_baseline_dir=other")  # an override is checked too
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
     pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)  # saving creates it
-    pytester.makeini("[pytest]\n")
-    pytester.runpytest("--oam-baseline").assert_outcomes(passed=1)  # the default: no-baseline
+    for ini in ("[pytest]\n", "[pytest]\noam_baseline_dir = baselines\n"):
+        pytester.makeini(ini)
+        pytester.runpytest("--oam-baseline").assert_outcomes(passed=1)  # the default: no-baseline
 
 
 @pytest.mark.parametrize("key", ["oam_strict", "oam_fail_on_improvement"])

@@ -47,7 +47,7 @@ def test_op_time_scale_names_an_unknown_op_type() -> None:
     with pytest.raises(ValueError, match=r"op_time_scale: 'Matmul' is not an op type \(did you mean 'MatMul'\?"):
         simulator.run(two_ops, op_time_scale={"Matmul": 1.5})
     profile = simulator.run(two_ops)
-    with pytest.raises(ValueError, match=r"op_time_scale: 'Conv2D' is not an op type"):
+    with pytest.raises(ValueError, match=r"op_time_scale: this profile has no op of type 'Conv2D'"):
         recost(profile, "ascend910b", op_time_scale={"Conv2D": 2.0})  # not in this profile
 
 
@@ -59,9 +59,32 @@ def test_ops_of_a_bundled_builder_point_at_the_users_call() -> None:
     profile = simulator.run(step, devices=8)
     line = step.__code__.co_firstlineno + 1
     assert profile.ops[0].source.startswith(f"{__file__}:{line} (in ")
-    assert "simulator/models/llama.py:" in profile.ops[0].source
+    from simulator.models import llama
+
+    assert f"(in {llama.__file__}:" in profile.ops[0].source
     # ops issued from the user's own code keep their one location
     assert two_ops_profile_source().startswith(__file__)
+
+
+def test_a_builder_run_from_the_command_line_names_the_builder_line(tmp_path) -> None:
+    # Review: `python -m pytest_oam collect` named pytest_oam/__main__.py as the user's code
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.json"
+    subprocess.run([sys.executable, "-m", "pytest_oam", "collect", "--model", "llama-7b", "--steps", "1", "-o", str(out)],
+                   check=True, capture_output=True)
+    source = json.loads(out.read_text())["ops"][0]["source"]
+    assert " (in " not in source and "llama.py:" in source
+
+
+def test_display_site_shortens_both_parts() -> None:
+    from pytest_oam.evaluate import display_site
+
+    assert display_site("/p/tests/t.py:12 (in /p/simulator/models/llama.py:379)", "/p") == \
+        "tests/t.py:12 (in simulator/models/llama.py:379)"
+    assert display_site("/p/tests/t.py:12", "/p") == "tests/t.py:12"
 
 
 def two_ops_profile_source() -> str:

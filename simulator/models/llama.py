@@ -153,7 +153,7 @@ def memory_per_card_bytes(config: LlamaConfig, layout: ParallelLayout, batch_siz
 
 
 #: Compute dtypes :func:`training_step` trains in (bf16 needs a Cube unit with a bf16 rate: the 910B).
-TRAINING_DTYPES = ("fp16", "bf16", "fp32")
+TRAINING_DTYPES = ("fp16", "bf16")
 
 
 def training_step(
