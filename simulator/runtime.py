@@ -1603,7 +1603,7 @@ def run(
             caching allocator (:mod:`simulator.allocator`) when it is made and gives it back
             when the Python object goes; device mallocs and failed allocations stall the op
             that needed the memory, and the profile gets per-step memory statistics. Off by
-            default: it makes the simulation's own run 2 to 2.7 times slower
+            default: it makes the simulation's own run about 2.1 to 2.6 times slower
             (``benchmarks/bench_memory_steps.py``).
         allocator: the caching allocator's settings (implies ``memory``), as an
             :class:`AllocatorConfig` or a ``PYTORCH_NPU_ALLOC_CONF`` string
