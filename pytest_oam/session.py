@@ -564,9 +564,18 @@ class OamSession:
             self.partial.add("a worker crashed")
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # every bad marker at once, not the first one per run
+        errors = []
         for item in items:
             if item.get_closest_marker("oam") is not None:
-                marker_settings(item)
+                try:
+                    marker_settings(item)
+                except pytest.UsageError as exc:
+                    errors.append(str(exc))
+        if len(errors) == 1:
+            raise pytest.UsageError(errors[0])
+        if errors:
+            raise pytest.UsageError(f"{len(errors)} bad @pytest.mark.oam markers:\n" + "\n".join(errors))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_pycollect_makeitem(self, collector: pytest.Collector):

@@ -176,6 +176,26 @@ def test_bad_marker_is_usage_error_before_any_test(pytester, marker, needle) -> 
     assert "passed" not in result.stdout.str()
 
 
+def test_every_bad_marker_is_named_at_once(pytester) -> None:
+    # Newcomer finding: only the first bad marker was shown, one fix and rerun at a time
+    pytester.makepyfile(test_bad="""
+import pytest
+
+@pytest.mark.oam(treshold=1)
+def test_one(): pass
+
+@pytest.mark.oam(devices=0)
+def test_two(): pass
+""")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        "*2 bad @pytest.mark.oam markers:",
+        "*test_bad.py::test_one: @pytest.mark.oam: unknown keyword 'treshold'*",
+        "*test_bad.py::test_two: @pytest.mark.oam: devices must be a positive integer, got 0*",
+    ])
+
+
 CORRUPTIONS = {
     "truncated": lambda text: text[: len(text) // 2],
     "not-json": lambda text: "this is not json\n",
