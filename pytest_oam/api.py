@@ -126,12 +126,10 @@ def _check_params(model: str, params: dict[str, object], hardware: str, devices:
         from simulator.models.llama import TRAINING_DTYPES
 
         rates = load_hardware(hardware).cube_unit.macs_per_cycle_per_core
-        if kwargs["dtype"] not in TRAINING_DTYPES:
-            raise ValueError(f"parameter dtype {kwargs['dtype']!r} is not a training dtype; "
-                             f"use one of {', '.join(TRAINING_DTYPES)}")
-        if kwargs["dtype"] not in rates:
-            raise ValueError(f"parameter dtype {kwargs['dtype']!r} has no Cube rate on {hardware}; "
-                             f"known: {', '.join(sorted(rates))}")
+        usable = [d for d in TRAINING_DTYPES if d in rates]  # one message that never sends you astray
+        if kwargs["dtype"] not in usable:
+            why = "is not a training dtype" if kwargs["dtype"] not in TRAINING_DTYPES else "has no Cube rate"
+            raise ValueError(f"parameter dtype {kwargs['dtype']!r} {why} on {hardware}; use {' or '.join(usable)}")
     tp = kwargs.pop("tensor_parallel", None)
     if tp is not None:
         if devices % tp:

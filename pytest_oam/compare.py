@@ -290,7 +290,7 @@ SIGNIFICANCE_ALPHA = 0.05
 def check_alpha(alpha: object) -> None:
     """Raise ``ValueError`` unless ``alpha`` is a significance level strictly between 0 and 1."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 < alpha < 1:
-        raise ValueError(f"alpha must be between 0 and 1, got {alpha!r}")
+        raise ValueError(f"alpha must be strictly between 0 and 1, got {alpha!r}")
 
 
 def apply_significance(comparison: RunComparison, baseline: Profile, current: Profile,

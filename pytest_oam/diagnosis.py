@@ -120,7 +120,7 @@ def _flush_sites(profile: Profile | None) -> tuple[str, list[tuple[str, float]]]
     for op in stalled:
         if op.source:
             sites[op.source] = sites.get(op.source, 0.0) + op.alloc_stall_s
-    return f"; the flushes stalled {named}{more}", sorted(sites.items(), key=lambda kv: -kv[1])
+    return f"; the flushes stalled {named}{more}.", sorted(sites.items(), key=lambda kv: -kv[1])
 
 
 def _memory_finding(v, profile: Profile | None = None) -> Finding:
@@ -135,8 +135,9 @@ def _memory_finding(v, profile: Profile | None = None) -> Finding:
                 f" -> {fmt_value(v.current_s, 'count')} (each flush synchronises the device and frees every unsplit "
                 f"cached segment, then the next allocations call aclrtMalloc again){stalled}")
         tip = ("the cache fragments until a new segment no longer fits: sizes that change from step to step leave "
-               "cached blocks no later tensor fits; pre-allocate a pool for those tensors, use expandable_segments, "
-               "or pad sizes to a few buckets")
+               "cached blocks no later tensor fits; pre-allocate a pool as large as the step's allocated peak "
+               "(allocate and free one tensor of that size first: the cache keeps the segment and carves every "
+               "later tensor out of it), use expandable_segments, or pad sequence lengths to a few buckets")
     elif v.unit == "bytes":
         what = (f"peak {v.op_type.split('.')[1].replace('_peak', '')} memory grew {v.change_frac * 100:+.1f}% "
                 f"({v.baseline_s / 2**20:,.1f} -> {v.current_s / 2**20:,.1f} MiB)")

@@ -126,7 +126,7 @@ def _ini_bool(config: pytest.Config, key: str) -> bool:
     """A boolean ini key; a value pytest cannot read as one is an error naming the key."""
     try:
         return bool(config.getini(key))
-    except ValueError as exc:
+    except (ValueError, pytest.UsageError) as exc:  # pytest 9.2 raises UsageError, earlier ValueError
         raise _usage(f"{key} (ini): {exc}; use true or false") from None
 
 
@@ -196,7 +196,7 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
         # only gating (a typo would otherwise turn every test into a green no-baseline); the
         # default "baselines" may not exist yet, and each test then reports no-baseline.
         _check_baseline_dir(folder, must_exist=(named_on_command_line or from_ini) and save_dir is None,
-                            source="--oam-baseline" if named_on_command_line else "oam_baseline_dir (ini)")
+                            source="--oam-baseline" if named_on_command_line else "oam_baseline_dir (ini or -o)")
     cli = _parse_entries(opt.oam_threshold or [], "--oam-threshold")
     ini = _parse_entries(config.getini("oam_thresholds"), "oam_thresholds (ini)")
     if opt.oam_hardware is not None:

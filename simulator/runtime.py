@@ -17,6 +17,7 @@ import numbers
 import operator
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -279,8 +280,8 @@ def _check_scale(op_time_scale: dict[str, float] | None, known: Collection[str],
             near = difflib.get_close_matches(str(op_type), sorted(known), n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]!r}? op types are case-sensitive)" if near else ""
             message = f"{op_type!r} {unknown}" if unknown.startswith("is") else f"{unknown} {op_type!r}"
-            raise ValueError(f"op_time_scale: {message}{hint}")
-        if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"op_time_scale: {message}{hint} (exact op type names, no patterns)")
+        if isinstance(factor, bool) or not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise ValueError(f"op_time_scale[{op_type!r}] must be a positive number, got {factor!r}")
     return scale
 
@@ -1598,7 +1599,8 @@ def run(
         steps: training or inference steps to run (>= 1).
         hardware: a bundled spec name (see :func:`simulator.list_hardware`) or a spec.
         devices: cards in the job (one is simulated, all ranks alike).
-        op_time_scale: fault injection, see :class:`NPU`.
+        op_time_scale: fault injection, see :class:`NPU`; an op type the workload never ran
+            gives a ``UserWarning`` after the run (one scale may serve a whole suite).
         memory: model device memory: every tensor takes HBM from a model of torch_npu's
             caching allocator (:mod:`simulator.allocator`) when it is made and gives it back
             when the Python object goes; device mallocs and failed allocations stall the op
@@ -1630,4 +1632,10 @@ def run(
         if step:
             npu._next_step()
         workload(npu, *args, **kwargs)
-    return npu.profile(steps)
+    profile = npu.profile(steps)
+    unused = sorted(set(op_time_scale or {}) - {op.op_type for op in profile.ops})
+    if unused:  # a fault that was never injected must not pass unnoticed for a gate that caught it
+        warnings.warn(f"op_time_scale: the workload ran no op of type {', '.join(map(repr, unused))}, so nothing "
+                      f"of it was scaled; its op types: {', '.join(sorted({op.op_type for op in profile.ops}))}",
+                      UserWarning, stacklevel=2)
+    return profile

@@ -305,7 +305,7 @@ def test_a_noisy_change_above_the_limit_is_shown_as_not_significant(tmp_path, ca
     assert main(["compare", str(base), str(cur), "--alpha", "0.1"]) == 1
     capsys.readouterr()
     assert main(["compare", str(base), str(cur), "--alpha", "1.5"]) == 2
-    assert "alpha must be between 0 and 1, got 1.5" in capsys.readouterr().err
+    assert "alpha must be strictly between 0 and 1, got 1.5" in capsys.readouterr().err
 
 
 def test_a_clear_change_with_enough_samples_is_a_regression(tmp_path) -> None:

@@ -292,7 +292,7 @@ def test_a_missing_ini_baseline_dir_is_an_error_when_only_gating(pytester) -> No
     pytester.makeini("[pytest]\noam_baseline_dir = perf/bsae\n")
     result = pytester.runpytest("--oam-baseline")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*oam_baseline_dir (ini): baseline folder *perf/bsae does not exist*"])
+    result.stderr.fnmatch_lines(["*oam_baseline_dir (ini or -o): baseline folder *perf/bsae does not exist*"])
     result = pytester.runpytest("--oam-baseline", "-o", "oam_baseline_dir=other")  # an override is checked too
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)  # saving creates it

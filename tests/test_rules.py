@@ -125,6 +125,14 @@ def test_frequent_alloc_and_retries() -> None:
     assert [m.alloc_retries for m in profile.memory] == [0, 1]
 
 
+def test_a_one_step_run_is_not_blamed_for_filling_the_cache() -> None:
+    # Newcomer finding: a single memory-tracked Llama step got "1 of 1 steps spend over 10 ms in
+    # the allocator", the cold start every run pays; with more steps the first is left out anyway
+    found, profile = findings(lambda npu: training_step(npu, LLAMA2_7B, seq_len=2048), devices=8, memory=True)
+    assert profile.memory[0].alloc_time_s > 10e-3
+    assert "frequent-alloc" not in [f.rule_id for f in found]
+
+
 def test_frequent_alloc_names_the_other_flushes() -> None:
     sizes = iter([20, 21, 22, 23, 24, 25])
 

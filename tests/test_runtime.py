@@ -51,6 +51,18 @@ def test_op_time_scale_names_an_unknown_op_type() -> None:
         recost(profile, "ascend910b", op_time_scale={"Conv2D": 2.0})  # not in this profile
 
 
+def test_op_time_scale_warns_when_the_workload_never_ran_the_op_and_refuses_booleans() -> None:
+    # Newcomer finding: {"MatMul": 2.0} on a workload without MatMul injected nothing, silently
+    def attention(npu):
+        q = npu.tensor((1, 8, 1024, 128))
+        npu.flash_attention(q, q, q)
+
+    with pytest.warns(UserWarning, match=r"op_time_scale: the workload ran no op of type 'MatMul', so nothing"):
+        simulator.run(attention, op_time_scale={"MatMul": 2.0})
+    with pytest.raises(ValueError, match=r"op_time_scale\['FlashAttention'\] must be a positive number, got True"):
+        simulator.run(attention, op_time_scale={"FlashAttention": True})
+
+
 def test_ops_of_a_bundled_builder_point_at_the_users_call() -> None:
     # Regression (newcomer): findings pointed into the installed simulator/models/llama.py only
     def step(npu):
