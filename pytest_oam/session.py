@@ -503,6 +503,7 @@ class OamSession:
         self.op_types_seen: set[str] = set()
         self.report_errors: dict[Path, str] = {}
         self.pruned: list[str] = []
+        self.unused_baselines: list[str] = []  # gate mode, full run: files no collected test reads
         self.collected: set[str] = set()
         self.order: dict[str, int] = {}  # test id -> collection position, for reports in test order
         self.pending_saves: dict[str, dict[str, Any]] = {}
@@ -890,7 +891,7 @@ class OamSession:
             return
         self._tuned_summary(terminalreporter)
         if not (self.results or self.pruned or self.prune_refused or self.settings.report_paths
-                or self.save_errors or self.recorded):
+                or self.save_errors or self.recorded or self.unused_baselines):
             return
         from .report import fmt_value, summary_table
 
@@ -963,6 +964,12 @@ class OamSession:
             tr.write_line(f"oam: pruned stale baseline {line}")
         if self.prune_refused:
             tr.write_line(f"oam: {self.prune_refused}", yellow=True)
+        if self.unused_baselines:
+            n = len(self.unused_baselines)
+            tr.write_line(f"oam: {n} baseline {'file' if n == 1 else 'files'} of tests this run did not collect "
+                          "(renamed, moved or deleted? --oam-save-baseline --oam-prune deletes them):", yellow=True)
+            for line in self.unused_baselines:
+                tr.write_line(f"    {line}", yellow=True)
         for path in self.settings.report_paths:
             if path not in self.report_errors:
                 tr.write_line(f"oam: wrote report {self._display(path)}")
@@ -984,6 +991,11 @@ class OamSession:
             return
         if self.settings.prune:
             self._prune(session)
+        elif self.settings.baseline_dir is not None and self._prune_refusal(session) is None:
+            # a full gating run: say which baselines no test read (a renamed or moved test
+            # silently reports no-baseline otherwise)
+            self.unused_baselines = [f"{self._display(path)} ({nodeid})"
+                                     for path, nodeid in self._stale_baselines(self.settings.baseline_dir)]
         for path in self.settings.report_paths:
             try:
                 self._write_report(path)
@@ -1012,19 +1024,16 @@ class OamSession:
             reasons.append("no test was collected")
         return ", ".join(reasons) or None
 
-    def _prune(self, session: pytest.Session) -> None:
-        """Delete baselines of tests that the collected paths no longer contain."""
+    def _stale_baselines(self, folder: Path | None) -> list[tuple[Path, str]]:
+        """Baseline files in ``folder`` whose test the collected paths no longer contain (a
+        renamed, moved or deleted test), with their test ids; unreadable files are left out."""
         from .baseline import BaselineError, load_baseline
 
-        refusal = self._prune_refusal(session)
-        if refusal:
-            self.prune_refused = f"--oam-prune: not a full run ({refusal}); nothing deleted"
-            return
-        folder = self.settings.save_dir
         if folder is None or not folder.is_dir():
-            return
+            return []
         scopes = [Path(self.config.invocation_params.dir, str(arg)).resolve() for arg in self.config.args]
         root = self.config.rootpath
+        stale = []
         for path in sorted(folder.glob("*.json")):
             try:
                 nodeid = load_baseline(path).nodeid
@@ -1033,12 +1042,22 @@ class OamSession:
             test_file = (root / nodeid.split("::")[0]).resolve()
             in_scope = any(test_file == scope or scope in test_file.parents for scope in scopes)
             if in_scope and nodeid not in self.collected:
-                try:
-                    path.unlink()
-                except OSError as exc:
-                    self.save_errors.append(f"{self._display(path)}: not pruned: {exc}")
-                    continue
-                self.pruned.append(f"{self._display(path)} ({nodeid})")
+                stale.append((path, nodeid))
+        return stale
+
+    def _prune(self, session: pytest.Session) -> None:
+        """Delete baselines of tests that the collected paths no longer contain."""
+        refusal = self._prune_refusal(session)
+        if refusal:
+            self.prune_refused = f"--oam-prune: not a full run ({refusal}); nothing deleted"
+            return
+        for path, nodeid in self._stale_baselines(self.settings.save_dir):
+            try:
+                path.unlink()
+            except OSError as exc:
+                self.save_errors.append(f"{self._display(path)}: not pruned: {exc}")
+                continue
+            self.pruned.append(f"{self._display(path)} ({nodeid})")
 
     def _write_report(self, path: Path) -> None:
         import pytest_oam

@@ -215,6 +215,16 @@ def test_prune_deletes_stale_baselines_only_on_a_full_run(run, pytester) -> None
     result = run("--oam-save-baseline", "--oam-prune", "-k", "flash")
     result.stdout.fnmatch_lines(["oam: --oam-prune: not a full run (-k*); nothing deleted"])
     assert stale_path.exists()
+    # a full gating run names the baseline no test read (newcomer finding: a renamed test was
+    # silently no-baseline); a partial one does not, and nothing is deleted
+    result = run("test_suite.py", "--oam-baseline")
+    result.stdout.fnmatch_lines([
+        "oam: 1 baseline file of tests this run did not collect (renamed, moved or deleted? "
+        "--oam-save-baseline --oam-prune deletes them):",
+        "    *test_suite.py::test_gone*",
+    ])
+    assert "elsewhere" not in result.stdout.str() and stale_path.exists()
+    assert "did not collect" not in run("--oam-baseline", "-k", "flash").stdout.str()
     result = run("--oam-save-baseline", "--oam-prune", "test_suite.py")
     result.assert_outcomes(passed=9)
     result.stdout.fnmatch_lines(["oam: pruned stale baseline *test_suite.py::test_gone*"])
