@@ -219,8 +219,8 @@ def test_prune_deletes_stale_baselines_only_on_a_full_run(run, pytester) -> None
     # silently no-baseline); a partial one does not, and nothing is deleted
     result = run("test_suite.py", "--oam-baseline")
     result.stdout.fnmatch_lines([
-        "oam: 1 baseline file of tests this run did not collect (renamed, moved or deleted? "
-        "--oam-save-baseline --oam-prune deletes them):",
+        ("oam: 1 baseline file of tests this run did not collect (renamed, moved or deleted? "
+         "--oam-save-baseline --oam-prune deletes them):"),
         "    *test_suite.py::test_gone*",
     ])
     assert "elsewhere" not in result.stdout.str() and stale_path.exists()
