@@ -10,6 +10,7 @@ with :meth:`NPU.from_numpy`: those carry data, and operators on them compute the
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib.util
 import math
@@ -147,12 +148,19 @@ _LIBRARY_DIRS = tuple(d for d in (os.path.dirname(_RUNTIME_FILE) + os.sep, _pack
 _INTERPRETER_DIRS = tuple({os.path.normcase(os.path.abspath(p)) + os.sep for p in (sys.prefix, sys.base_prefix)})
 
 
-def _is_interpreter(filename: str) -> bool:
-    return filename.startswith("<frozen") or os.path.normcase(os.path.abspath(filename)).startswith(_INTERPRETER_DIRS)
-
-
-def _is_library(frame) -> bool:
-    return os.path.normcase(frame.f_code.co_filename).startswith(_LIBRARY_DIRS)
+@functools.cache
+def _frame_kind(filename: str) -> str:
+    """Whose code a frame of ``filename`` runs, decided once per file: ``"runtime"`` (this
+    module), ``"library"`` (the simulator, the pytest plugin), ``"interpreter"`` (standard
+    library, site-packages, frozen modules) or ``"user"``."""
+    path = os.path.normcase(filename)
+    if path == _RUNTIME_FILE:
+        return "runtime"
+    if path.startswith(_LIBRARY_DIRS):
+        return "library"
+    if filename.startswith("<frozen") or os.path.normcase(os.path.abspath(filename)).startswith(_INTERPRETER_DIRS):
+        return "interpreter"
+    return "user"
 
 
 def _call_site() -> str | None:
@@ -162,17 +170,17 @@ def _call_site() -> str | None:
     when the code that led to it is the interpreter's (``python -m pytest_oam``, the ``oam``
     script), the builder's line alone."""
     frame = sys._getframe(2)
-    while frame is not None and os.path.normcase(frame.f_code.co_filename) == _RUNTIME_FILE:
+    while frame is not None and _frame_kind(frame.f_code.co_filename) == "runtime":
         frame = frame.f_back
     if frame is None:
         return None
     site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-    if not _is_library(frame):
+    if _frame_kind(frame.f_code.co_filename) != "library":
         return site
     user = frame.f_back
-    while user is not None and _is_library(user):
+    while user is not None and _frame_kind(user.f_code.co_filename) in ("library", "runtime"):
         user = user.f_back
-    if user is None or _is_interpreter(user.f_code.co_filename):
+    if user is None or _frame_kind(user.f_code.co_filename) == "interpreter":
         return site
     return f"{user.f_code.co_filename}:{user.f_lineno} (in {site})"
 
@@ -266,7 +274,7 @@ def _make_record(
 
 
 def _check_scale(op_time_scale: dict[str, float] | None, known: Collection[str],
-                 unknown: str = "is not an op type") -> dict[str, float]:
+                 known_as: str = "an op type") -> dict[str, float]:
     """``op_time_scale`` checked: every factor positive and finite, every key an op type in
     ``known`` (a typo would otherwise scale nothing, and a gate test would pass for the wrong
     reason).
@@ -279,8 +287,7 @@ def _check_scale(op_time_scale: dict[str, float] | None, known: Collection[str],
         if op_type not in known:
             near = difflib.get_close_matches(str(op_type), sorted(known), n=1, cutoff=0.6)
             hint = f" (did you mean {near[0]!r}? op types are case-sensitive)" if near else ""
-            message = f"{op_type!r} {unknown}" if unknown.startswith("is") else f"{unknown} {op_type!r}"
-            raise ValueError(f"op_time_scale: {message}{hint} (exact op type names, no patterns)")
+            raise ValueError(f"op_time_scale: {op_type!r} is not {known_as}{hint} (exact op type names, no patterns)")
         if isinstance(factor, bool) or not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
             raise ValueError(f"op_time_scale[{op_type!r}] must be a positive number, got {factor!r}")
     return scale
@@ -308,7 +315,7 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
     if profile.op_summaries:
         raise ValueError("a focused profile keeps only some op records (the rest are aggregated without shapes); "
                          "re-simulating needs the full op sequence")
-    scale = _check_scale(op_time_scale, {op.op_type for op in profile.ops}, "this profile has no op of type")
+    scale = _check_scale(op_time_scale, profile.op_types, "an op type of this profile")
     overhead_s = spec_hw.profiler.online_callback_overhead_s if profile.collection == "online" else 0.0
     cache: dict[OpSpec, OpCost] = {}
     records: list[OpRecord] = []
@@ -1633,9 +1640,10 @@ def run(
             npu._next_step()
         workload(npu, *args, **kwargs)
     profile = npu.profile(steps)
-    unused = sorted(set(op_time_scale or {}) - {op.op_type for op in profile.ops})
-    if unused:  # a fault that was never injected must not pass unnoticed for a gate that caught it
-        warnings.warn(f"op_time_scale: the workload ran no op of type {', '.join(map(repr, unused))}, so nothing "
-                      f"of it was scaled; its op types: {', '.join(sorted({op.op_type for op in profile.ops}))}",
-                      UserWarning, stacklevel=2)
+    if op_time_scale:
+        ran = profile.op_types
+        unused = sorted(set(op_time_scale) - set(ran))
+        if unused:  # a fault that was never injected must not pass unnoticed for a gate that caught it
+            warnings.warn(f"op_time_scale: the workload ran no op of type {', '.join(map(repr, unused))}, so "
+                          f"nothing of it was scaled; its op types: {', '.join(sorted(ran))}", UserWarning, stacklevel=2)
     return profile

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import simulator
+from simulator.hardware import load_hardware
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "test_fragmentation.py"
 
@@ -43,19 +44,13 @@ def test_without_a_pool_the_cache_flushes_every_few_hundred_steps(example) -> No
     stalled = [op for op in profile.ops if op.alloc_retries]
     assert [(op.step, op.op_type) for op in stalled] == [
         (64, "CrossEntropyGrad"), (64, "FlashAttentionGrad"), (182, "MatMul"), (241, "FlashAttentionGrad")]
-    free_s = profile_hardware(profile).allocator.device_free_latency_s
+    free_s = load_hardware(profile.hardware).allocator.device_free_latency_s
     for op in stalled:
         same_op = [o for o in profile.ops if o.name == op.name and o.step not in flushes]
         assert op.device_frees >= 2
         assert op.overlap_frac < statistics.median(o.overlap_frac for o in same_op) - 0.05
         assert op.alloc_stall_s > op.device_frees * free_s  # the frees, the synchronisation, the malloc
     assert stalled[0].overlap_frac < 0.4
-
-
-def profile_hardware(profile):
-    from simulator.hardware import load_hardware
-
-    return load_hardware(profile.hardware)
 
 
 def test_expandable_segments_do_not_flush_either(example) -> None:
