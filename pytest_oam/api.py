@@ -549,7 +549,7 @@ def compare_profiles(
         note = ("thresholds match no row of this comparison: " + ", ".join(unmatched)
                 + " (op types are case-sensitive: " + ", ".join(sorted(rows)) + ")")
         comparison = dataclasses.replace(comparison, reasons=[*comparison.reasons, note])
-    findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops)
+    findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops, base_run.memory_peak_live)
     rules = []
     if current_profile is not None:
         from simulator.hardware import list_hardware, load_hardware

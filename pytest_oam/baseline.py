@@ -24,9 +24,13 @@ from pydantic import (
     ValidationError,
 )
 
+from simulator.profile import LiveMemory
+
 from .fileio import JsonFileError, atomic_write_text, read_json_object
 
 SCHEMA_VERSION = 1
+#: How many of the groups that held memory at the allocated peak a baseline keeps (the largest).
+PEAK_LIVE_GROUPS = 20
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 OpType = Annotated[str, StringConstraints(min_length=1)]
 
@@ -82,6 +86,9 @@ class RunBaseline(BaseModel):
     alloc_retries_per_step: NonNegativeFloat | None = Field(
         default=None, description="Allocations that flushed the cache (synchronise, free every unsplit cached "
         "segment) and retried, per step: mean over the steps (torch num_alloc_retries)")
+    memory_peak_live: list[LiveMemory] | None = Field(
+        default=None, description="What held the memory at the allocated peak (memory=True runs): the "
+        f"{PEAK_LIVE_GROUPS} largest groups by op type, kind and call site (files without folders)")
     ops: dict[OpType, OpStats] = Field(min_length=1)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from simulator.profile import Profile
 
-from .baseline import OpStats, RunBaseline
+from .baseline import PEAK_LIVE_GROUPS, OpStats, RunBaseline
 from .thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
 
 #: Gate statuses of a profiled test, most severe first. ``not-gated``: profiled without
@@ -143,9 +143,24 @@ def summarize(profile: Profile) -> RunBaseline:
         memory_allocated_peak_bytes=max((m.allocated_peak_bytes for m in profile.memory), default=None),
         alloc_time_s=statistics.median(m.alloc_time_s for m in profile.memory) if profile.memory else None,
         alloc_retries_per_step=_alloc_retries_per_step(profile),
+        memory_peak_live=None if profile.memory_peak is None else [
+            g.model_copy(update={"source": portable_site(g.source)}) for g in profile.memory_peak.live[:PEAK_LIVE_GROUPS]],
         tokens_per_step=profile.tokens_per_step,
         ops=ops,
     )
+
+
+def portable_site(site: str | None) -> str | None:
+    """A call site as a baseline keeps it: each ``file:line`` part (``user.py:12 (in
+    .../llama.py:379)``) with the file's folders dropped, so that a baseline saved in one
+    checkout reads the same in another."""
+    if site is None:
+        return None
+    if site.endswith(")") and " (in " in site:
+        user, _, library = site[:-1].partition(" (in ")
+        return f"{portable_site(user)} (in {portable_site(library)})"
+    file, sep, line = site.rpartition(":")
+    return f"{file.replace(chr(92), '/').rpartition('/')[2]}{sep}{line}" if sep else site
 
 
 @dataclass(frozen=True)

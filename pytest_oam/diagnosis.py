@@ -6,13 +6,14 @@ Thresholds live in this module's constants.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from simulator.hardware import HardwareSpec
-from simulator.profile import OpRecord, Profile
+from simulator.profile import LiveMemory, OpRecord, Profile
 
-from .baseline import OpStats
-from .compare import CounterChange, RunComparison
+from .baseline import PEAK_LIVE_GROUPS, OpStats
+from .compare import CounterChange, RunComparison, portable_site
 from .severity import Severity, grade_share
 
 #: Severity of a regressed peak memory or allocator time (no share of the step to grade by).
@@ -123,9 +124,79 @@ def _flush_sites(profile: Profile | None) -> tuple[str, list[tuple[str, float]]]
     return f"; the flushes stalled {named}{more}.", sorted(sites.items(), key=lambda kv: -kv[1])
 
 
-def _memory_finding(v, profile: Profile | None = None) -> Finding:
-    """A regression of peak device memory, of allocator time or of cache flushes (with the ops
-    the flushes stalled, when ``profile`` is given)."""
+def _holder(group: LiveMemory) -> str:
+    s = "" if group.count == 1 else "s"
+    what = {"output": f"{group.op_type} output{s}", "workspace": f"{group.op_type} workspace{s}",
+            "tensor": f"tensor{s} made"}[group.kind]
+    return f"{what} at {portable_site(group.source)}" if group.source else what
+
+
+def _site_key(group: LiveMemory) -> tuple:
+    return group.op_type, group.kind, portable_site(group.source)
+
+
+def _holder_key(group: LiveMemory) -> tuple:
+    """A group's op type, kind and files without lines (lines move when code is edited)."""
+    return group.op_type, group.kind, _LINE.sub("", portable_site(group.source) or "")
+
+
+_LINE = re.compile(r":\d+")
+
+
+def _peak_holders(profile: Profile | None, baseline_live: list[LiveMemory] | None) -> tuple[str, list[tuple[str, float]]]:
+    """What held more memory at the allocated peak than in the baseline (or, when the baseline
+    does not say, what held the most), as a clause and as (call site, bytes at the peak)."""
+    peak = profile.memory_peak if profile is not None else None
+    if peak is None:
+        return "", []
+    from .report import fmt_bytes as mib
+    reached = (f"the allocated peak (step {peak.step}, reached by a {mib(peak.reached_by.size_bytes)} "
+               f"{_holder(peak.reached_by)})")
+    if baseline_live is None:
+        top = peak.live[:MAX_CALL_SITES]
+        return (f"; at {reached} the most was held by " + "; ".join(f"{_holder(g)}: {mib(g.size_bytes)}" for g in top),
+                [(g.source, float(g.size_bytes)) for g in top if g.source])
+
+    # Groups match by op type, kind and call site; one whose line moved (code edited above it)
+    # matches a group left over in the same files.
+    base = {_site_key(g): g for g in baseline_live}
+    current_keys = {_site_key(g) for g in peak.live}
+    spare = [g for key, g in base.items() if key not in current_keys]
+    grew = []
+    for g in peak.live:
+        was = base.get(_site_key(g))
+        if was is None:
+            was = next((b for b in spare if _holder_key(b) == _holder_key(g)), None)
+            if was is not None:
+                spare.remove(was)
+        delta = g.size_bytes - (was.size_bytes if was is not None else 0)
+        if delta > 0:
+            grew.append((delta, g, was))
+    grew = sorted(grew, key=lambda item: -item[0])[:MAX_CALL_SITES]
+    if not grew:
+        same = "; at {} no call site held more than in the baseline's peak (the same tensors, live at once in another order)"
+        return same.format(reached), []
+    parts = []
+    for delta, g, was in grew:
+        if was is not None:
+            how = f"{mib(was.size_bytes)} -> {mib(g.size_bytes)}, {was.count} -> {g.count} allocations"
+        else:
+            cut = " among the baseline's largest" if len(baseline_live) >= PEAK_LIVE_GROUPS else ""
+            how = f"{mib(g.size_bytes)} in {_plural(g.count, 'allocation')}, none{cut} at the baseline's peak"
+        parts.append(f"{_holder(g)} +{mib(delta)} ({how})")
+    return (f"; at {reached} held more: " + "; ".join(parts), [(g.source, float(g.size_bytes)) for _, g, _ in grew if g.source])
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _memory_finding(v, profile: Profile | None = None, baseline_peak_live: list[LiveMemory] | None = None,
+                    holders: bool = True) -> Finding:
+    """A regression of peak device memory (with what held more memory at the peak, when
+    ``profile`` is given, compared with ``baseline_peak_live`` when the baseline has it), of
+    allocator time or of cache flushes (with the ops the flushes stalled). ``holders`` False: a
+    peak row that points to the allocated peak's finding for what held the memory."""
     sites: list[tuple[str, float]] = []
     if v.unit == "count":
         from .report import fmt_value
@@ -139,8 +210,10 @@ def _memory_finding(v, profile: Profile | None = None) -> Finding:
                "(allocate and free one tensor of that size first: the cache keeps the segment and carves every "
                "later tensor out of it), use expandable_segments, or pad sequence lengths to a few buckets")
     elif v.unit == "bytes":
+        held, sites = (_peak_holders(profile, baseline_peak_live) if holders
+                       else ("; what held more at the peak: see memory.allocated_peak", []))
         what = (f"peak {v.op_type.split('.')[1].replace('_peak', '')} memory grew {v.change_frac * 100:+.1f}% "
-                f"({v.baseline_s / 2**20:,.1f} -> {v.current_s / 2**20:,.1f} MiB)")
+                f"({v.baseline_s / 2**20:,.1f} -> {v.current_s / 2**20:,.1f} MiB){held}")
         tip = ("find the tensors that live longer or grew (activations kept across steps, a cache that is never "
                "freed); with little headroom left the caching allocator starts to flush and retry")
     else:
@@ -168,19 +241,24 @@ def diagnose(
     profile: Profile | None = None,
     current: dict[str, OpStats] | None = None,
     baseline: dict[str, OpStats] | None = None,
+    baseline_peak_live: list[LiveMemory] | None = None,
 ) -> list[Finding]:
     """Findings for each regressed op type and each new one, biggest time first.
 
     ``current`` and ``baseline`` (op type -> stats) add the check for an op that became
-    memory-bound.
+    memory-bound; ``baseline_peak_live`` (the baseline's ``memory_peak_live``) says what held
+    more memory at a regressed peak.
     """
     findings = []
     step_s = comparison.baseline_step_s
+    # What held the memory is told once: under the allocated peak when it regressed
+    told_holders = any(v.op_type == "memory.allocated_peak" and v.status == "regressed" for v in comparison.verdicts)
     for v in comparison.verdicts:
         if v.status != "regressed" or v.baseline_s is None or v.current_s is None or v.op_type == "step":
             continue
         if v.unit in ("bytes", "count") or v.op_type == "alloc_time":
-            findings.append(_memory_finding(v, profile))
+            holders = v.op_type == "memory.allocated_peak" or not told_holders
+            findings.append(_memory_finding(v, profile, baseline_peak_live, holders))
             continue
         delta = v.current_s - v.baseline_s
         share = delta / step_s if step_s > 0 else 0.0

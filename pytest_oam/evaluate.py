@@ -171,7 +171,7 @@ def evaluate_gate(
                 status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
                 run_findings = [
                     dataclasses.replace(f, call_sites=[(site(s), t) for s, t in f.call_sites])
-                    for f in diagnose(comparison, profile, current.ops, base_run.ops)
+                    for f in diagnose(comparison, profile, current.ops, base_run.ops, base_run.memory_peak_live)
                 ]
                 verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
                 findings += [

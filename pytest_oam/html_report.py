@@ -38,6 +38,7 @@ from .report import (
     fmt_rate,
     fmt_time,
     fmt_value,
+    memory_site_value,
     time_unit,
 )
 from .thresholds import MEMORY_ROWS, STEP_ROW
@@ -383,9 +384,10 @@ def findings_html(findings: Sequence[FindingReport]) -> str:
     rows = []
     for f in findings:
         moved = "; ".join(f"{_e(name)} {b:.4g} &rarr; {c:.4g}" for name, (b, c) in f.counters.items()) or "none"
-        sites = "<br>".join(f"<code>{_e(site)}</code> ({fmt_time(t)})" for site, t in f.call_sites) or "-"
-        advice = "".join(f"<li>{_e(tip)}</li>" for tip in f.advice)
         memory = f.op_type in MEMORY_ROWS  # no time of its own, as in the Markdown report
+        sites = "<br>".join(f"<code>{_e(site)}</code> ({_e(memory_site_value(f.op_type, t) if memory else fmt_time(t))})"
+                            for site, t in f.call_sites) or "-"
+        advice = "".join(f"<li>{_e(tip)}</li>" for tip in f.advice)
         rows.append((f.kind, (str(f.run + 1), _e(f.severity), _e(f.op_type), "-" if memory else f"+{fmt_time(f.delta_s)}",
                               "-" if memory else fmt_frac(f.step_share_frac), moved, sites,
                               f'<ul class="advice">{advice}</ul>' if advice else "-")))

@@ -56,7 +56,9 @@ class FindingReport(BaseModel):
     delta_s: float
     step_share_frac: float
     counters: dict[str, tuple[float, float]] = Field(description="name -> (baseline, current)")
-    call_sites: list[tuple[str, float]] = Field(description="(file:line, seconds in the first step)")
+    call_sites: list[tuple[str, float]] = Field(
+        description="(file:line, seconds in the first step); memory rows: seconds waited for flushes "
+        "(alloc_retries) or bytes held at the allocated peak (the peak rows)")
     advice: list[str]
 
 
@@ -222,6 +224,12 @@ def verdict_table(verdicts: Sequence[Verdict | VerdictReport], fmt: str = "simpl
                     colalign=("left", "right", "right", "right", "right", "left"), tablefmt=fmt)
 
 
+def memory_site_value(op_type: str, value: float) -> str:
+    """What a memory row's call-site number is: seconds waited for flushes (``alloc_retries``),
+    or bytes held at the allocated peak (the peak rows)."""
+    return f"waited {fmt_time(value)} for flushes" if op_type == "alloc_retries" else f"{fmt_bytes(value)} at the peak"
+
+
 def findings_text(findings: list[Finding]) -> str:
     from .thresholds import MEMORY_ROWS
 
@@ -229,7 +237,7 @@ def findings_text(findings: list[Finding]) -> str:
     for f in findings:
         if f.op_type in MEMORY_ROWS:  # memory rows have no time of their own
             lines.append(f"[{f.severity}] {f.op_type}")
-            lines.extend(f"    where: {site} (waited {fmt_time(seconds)} for flushes)" for site, seconds in f.call_sites)
+            lines.extend(f"    where: {site} ({memory_site_value(f.op_type, value)})" for site, value in f.call_sites)
             lines.extend(f"    what to do: {tip}" for tip in f.advice)
             continue
         lines.append(

@@ -190,6 +190,31 @@ class MemoryRecord(BaseModel):
     reserved_bytes: NonNegativeInt
 
 
+class LiveMemory(BaseModel):
+    """Device memory one kind of tensor from one call site held at the run's allocated peak
+    (block bytes, as ``torch.npu.memory_allocated`` counts them)."""
+
+    model_config = _RECORD_CONFIG
+    op_type: str | None = Field(description="The op whose outputs or workspace these are; None: tensors made "
+                                "by npu.tensor or npu.from_numpy")
+    kind: Literal["output", "workspace", "tensor"]
+    source: str | None = Field(description="file:line of the call: the op's, or npu.tensor's")
+    size_bytes: NonNegativeInt
+    count: int = Field(ge=1, description="Live allocations")
+
+
+class MemoryPeak(BaseModel):
+    """What held device memory when the run's allocated memory first reached its peak."""
+
+    model_config = _RECORD_CONFIG
+    step: NonNegativeInt
+    time_s: NonNegativeFloat = Field(description="Device clock at the allocation that reached the peak")
+    allocated_bytes: NonNegativeInt
+    reached_by: LiveMemory = Field(description="The allocation that reached the peak (count 1)")
+    live: list[LiveMemory] = Field(description="Grouped by op type, kind and call site, largest first; the sizes "
+                                   "add up to allocated_bytes")
+
+
 class OpSummary(BaseModel):
     """The ops of one type on one stream in one step that a focused profile did not keep.
 
@@ -241,6 +266,8 @@ class Profile(BaseModel):
     memory: list[StepMemory] = Field(default_factory=list, description="Per step, when the run tracked memory")
     memory_events: list[MemoryRecord] = Field(
         default_factory=list, description="Every allocator call, when the run tracked memory")
+    memory_peak: MemoryPeak | None = Field(
+        default=None, description="What held the memory at the run's allocated peak, when the run tracked memory")
     collection: Literal["offline", "online"] = Field(
         default="offline", description="offline: recorded and parsed after the run; online: op records went to "
         "callbacks during the run, which charged a per-op overhead to the timeline")

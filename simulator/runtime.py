@@ -33,6 +33,8 @@ from .costs import COST_MODELS, OpCost, OpSpec, conv_output_hw, op_cost, op_work
 from .hardware import HardwareSpec, load_hardware
 from .profile import (
     CommInfo,
+    LiveMemory,
+    MemoryPeak,
     MemoryRecord,
     OpChecks,
     OpRecord,
@@ -753,7 +755,11 @@ class NPU:
         if self.allocator is None:
             return tensor
         handle, event = self.allocator.alloc(tensor.nbytes)
-        self._note_memory(event)
+        producer = tensor.producer_index
+        if producer is None:
+            self._note_memory(event, "tensor", _call_site())
+        else:
+            self._note_memory(event, "output", producer)
         held = _HeldMemory(tensor, self._release_callback, handle)
         self._finalizers[held.key] = held
         self._charge(event, charge_last)
@@ -808,7 +814,7 @@ class NPU:
         if not size:
             return
         handle, event = self.allocator.alloc(size)
-        self._note_memory(event)
+        self._note_memory(event, "workspace", len(self._records) - 1)
         self._charge(event)
         self._note_memory(self.allocator.free(handle))
 
@@ -821,12 +827,52 @@ class NPU:
         del self._finalizers[held.key]
         self._note_memory(self.allocator.free(held.handle))
 
-    def _note_memory(self, event: MemoryEvent) -> None:
+    def _note_memory(self, event: MemoryEvent, kind: str | None = None, owner: int | str | None = None) -> None:
         """Keep an allocator call for the step's tally and the profile's memory records, as a
         plain tuple: one of numbers and strings only, which the garbage collector stops
         tracking (a long run keeps hundreds of thousands of them; records, each a model and a
-        set, are made once, in :meth:`profile`)."""
-        self._memory_calls.append((self._step, self._clock_s) + event)
+        set, are made once, in :meth:`profile`). An allocation says what it is for: ``kind``
+        ``"output"`` or ``"workspace"`` of the op record at index ``owner``, or ``"tensor"``
+        made by :meth:`tensor` / :meth:`from_numpy` at the call site ``owner``."""
+        self._memory_calls.append((self._step, self._clock_s) + event + (kind, owner))
+
+    def _memory_peak(self) -> MemoryPeak | None:
+        """What held device memory when the allocated bytes first reached the run's peak: the
+        live allocations then, grouped by op type, kind and call site (one replay of the
+        allocator calls up to that one)."""
+        calls = self._memory_calls
+        allocated = _CALL_INDEX["allocated_bytes"]
+        peak = max(range(len(calls)), key=lambda i: calls[i][allocated], default=None)
+        if peak is None or calls[peak][_CALL_INDEX["action"]] != "alloc":
+            return None  # no allocation, or nothing allocated yet
+        action, address, size = (_CALL_INDEX[name] for name in ("action", "address", "block_bytes"))
+        live: dict[int, tuple] = {}
+        for call in calls[:peak + 1]:
+            if call[action] == "alloc":
+                if call[size]:
+                    live[call[address]] = call
+            elif call[action] == "free":
+                live.pop(call[address], None)
+
+        def owner(call: tuple) -> tuple[str | None, str, str | None]:
+            kind, ref = call[-2], call[-1]
+            if kind == "tensor":
+                return None, kind, ref
+            record = self._records[ref]
+            return record.op_type, kind, record.source
+
+        groups: dict[tuple, list[int]] = {}
+        for call in live.values():
+            group = groups.setdefault(owner(call), [0, 0])
+            group[0] += call[size]
+            group[1] += 1
+        op_type, kind, source = owner(calls[peak])
+        return MemoryPeak(
+            step=calls[peak][0], time_s=calls[peak][1], allocated_bytes=calls[peak][allocated],
+            reached_by=LiveMemory(op_type=op_type, kind=kind, source=source, size_bytes=calls[peak][size], count=1),
+            live=[LiveMemory(op_type=k[0], kind=k[1], source=k[2], size_bytes=b, count=n)
+                  for k, (b, n) in sorted(groups.items(), key=lambda kv: -kv[1][0])],
+        )
 
     def _memory_records(self) -> list[MemoryRecord]:
         """The profile's record of every allocator call."""
@@ -1581,6 +1627,7 @@ class NPU:
             ops=self._records,
             memory=[m for m in self._memory_steps if m is not None],
             memory_events=self._memory_records(),
+            memory_peak=self._memory_peak(),
             collection=self.collection,
         )
 

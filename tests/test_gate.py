@@ -287,7 +287,8 @@ def test_baseline_identity_holds_only_stable_fields(pytester) -> None:
     assert set(data["runs"][0]) == {
         "hardware", "devices", "simulator_version", "workload_fingerprint", "steps", "step_time_s", "step_time_mean_s",
         "step_time_p99_s", "step_time_max_s", "tokens_per_step", "memory_reserved_peak_bytes",
-        "memory_allocated_peak_bytes", "alloc_time_s", "alloc_retries_per_step", "collection_mode", "ops",
+        "memory_allocated_peak_bytes", "alloc_time_s", "alloc_retries_per_step", "memory_peak_live", "collection_mode",
+        "ops",
     }
 
 

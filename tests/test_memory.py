@@ -147,15 +147,21 @@ def test_memory(oam_profile):
     monkeypatch.setenv("LEAK", "1")
     result = pytester.runpytest("--oam-baseline")
     result.assert_outcomes(failed=1)
+    # What held more memory at the peak: the leaked tensor's line, not the activations' (same
+    # file, same kind: they match by line first)
     result.stdout.fnmatch_lines(["*memory.allocated_peak*18.00 MiB*22.00 MiB*+22.2%*5.0%*REGRESSED*",
-                                 "*peak allocated memory grew +22.2% (18.0 -> 22.0 MiB)*"])
+                                 "*where: test_mem.py:6 (4.00 MiB at the peak)",
+                                 ("*peak allocated memory grew +22.2% (18.0 -> 22.0 MiB); at the allocated peak "
+                                  "(step 0, reached by a 2.00 MiB Add output at test_mem.py:7) held more: tensor "
+                                  "made at test_mem.py:6 +4.00 MiB (4.00 MiB in 1 allocation, none at the baseline's "
+                                  "peak): find the tensors*")])
     # Review finding: memory rows have no time of their own, but the Markdown and JUnit said
     # "+0.0 us per step"
     pytester.runpytest("--oam-baseline", "--oam-report", "r.md", "--junitxml", "j.xml")
     markdown, junit = (pytester.path / "r.md").read_text(), (pytester.path / "j.xml").read_text()
     (line,) = [line for line in markdown.splitlines() if line.startswith("- **warning** memory.allocated_peak")]
     assert "per step" not in line
-    assert "memory.allocated_peak at -; peak allocated memory grew" in junit
+    assert "memory.allocated_peak at test_mem.py:6; peak allocated memory grew" in junit
 
 
 def test_plugin_gates_new_cache_flushes(pytester, monkeypatch) -> None:
