@@ -596,6 +596,16 @@ def _search(space, evaluate, better, sign, target, max_iterations, early_stoppin
     # 38/87/23); multivariate (37/79/21). Optuna 5 deprecates prior_weight, consider_endpoints
     # and consider_magic_clip (removal in 6.0); without the magic clip MatMul rose to 86 of 100,
     # but this space fell to 38.
+    # Measured later (seeds 100-199 on this space, where this default gave 51 of 100 and 43 on
+    # seeds 200-299), not adopted: Optuna's gamma as ceil(f * n) with f 0.05 / 0.075 / 0.125 /
+    # 0.2 / 0.3 (24 / 27 / 32 / 28 / 18) and as Hyperopt's ceil(f * sqrt(n)) with f 0.25 / 0.5
+    # (23 / 25); equal weights for old trials (36); n_startup_trials 5 (36); n_ei_candidates 8
+    # (41); the block sizes as categories (21) or on a log scale, 16 x suggest_int(1, 32,
+    # log=True) (17; 49 against 66 on the FlashAttention 8K space). Optuna's GPSampler (needs
+    # torch) on the benchmark's seeds 0-9: 1 of 10 within 2%, median gap 10.0%. The block sizes'
+    # cost is jagged (a block that does not divide the sequence leaves a partial last block:
+    # 256 is the forward's best, 240 and 272 are 5% slower), which no smoothing model captures
+    # from a few good trials.
     options = {"multivariate": False, **(sampler_options or {})}
     if sampler_name == "random":
         sampler = optuna.samplers.RandomSampler(seed=seed)
