@@ -498,6 +498,7 @@ class OamSession:
         self.config = config
         self.settings = settings
         self.is_worker = hasattr(config, "workerinput")
+        self.bad_markers: dict[str, str] = {}  # nodeid -> message, on an xdist worker
         self.results: dict[str, dict[str, Any]] = {}
         self.written: list[str] = []
         self.op_types_seen: set[str] = set()
@@ -564,34 +565,30 @@ class OamSession:
         if error:
             self.partial.add("a worker crashed")
 
+    @pytest.hookimpl(trylast=True)  # after -k and -m deselected tests: their markers do not matter
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        # every bad marker at once, not the first one per run
-        errors = []
+        # Every bad marker of the selected tests at once, not the first one per run. An xdist
+        # worker cannot end the session with a usage error (the controller would report a
+        # crashed worker), so there each bad test errors at setup with the same message; the
+        # other tests run, and the run fails.
+        errors = {}
         for item in items:
             if item.get_closest_marker("oam") is not None:
                 try:
                     marker_settings(item)
                 except pytest.UsageError as exc:
-                    errors.append(str(exc))
-        if len(errors) == 1:
-            raise pytest.UsageError(errors[0])
-        if errors:
-            raise pytest.UsageError(f"{len(errors)} bad @pytest.mark.oam markers:\n" + "\n".join(errors))
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_pycollect_makeitem(self, collector: pytest.Collector):
-        # An xdist worker cannot end the session with a usage error (the controller reports a
-        # crashed worker), so a bad marker there becomes a collection error of its module with
-        # the same message; xdist still runs the other modules, and the run fails.
-        result = yield
+                    errors[item.nodeid] = str(exc)
         if self.is_worker:
-            for item in result if isinstance(result, list) else [result]:
-                if isinstance(item, pytest.Item) and item.get_closest_marker("oam") is not None:
-                    try:
-                        marker_settings(item)
-                    except pytest.UsageError as exc:
-                        raise collector.CollectError(str(exc)) from None
-        return result
+            self.bad_markers = errors
+        elif len(errors) == 1:
+            raise pytest.UsageError(next(iter(errors.values())))
+        elif errors:
+            raise pytest.UsageError(f"{len(errors)} bad @pytest.mark.oam markers:\n" + "\n".join(errors.values()))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if item.nodeid in self.bad_markers:
+            pytest.fail(self.bad_markers[item.nodeid], pytrace=False)
 
     # -- the fixture ----------------------------------------------------------------------------
 
