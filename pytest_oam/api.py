@@ -39,7 +39,7 @@ from .compare import (
     compare_run,
     summarize,
 )
-from .diagnosis import Finding, diagnose
+from .diagnosis import Finding, PeakMemory, diagnose
 from .fileio import atomic_write_bytes, atomic_write_text
 from .thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
 
@@ -549,7 +549,9 @@ def compare_profiles(
         note = ("thresholds match no row of this comparison: " + ", ".join(unmatched)
                 + " (op types are case-sensitive: " + ", ".join(sorted(rows)) + ")")
         comparison = dataclasses.replace(comparison, reasons=[*comparison.reasons, note])
-    findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops, base_run.memory_peak_live)
+    findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops, PeakMemory(
+        current_run.memory_peak_live, base_run.memory_peak_live,
+        current_profile.memory_peak if current_profile is not None else None))
     rules = []
     if current_profile is not None:
         from simulator.hardware import list_hardware, load_hardware

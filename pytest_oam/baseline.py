@@ -30,7 +30,7 @@ from .fileio import JsonFileError, atomic_write_text, read_json_object
 
 SCHEMA_VERSION = 1
 #: How many of the groups that held memory at the allocated peak a baseline keeps (the largest).
-PEAK_LIVE_GROUPS = 20
+PEAK_LIVE_GROUPS = 200
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 OpType = Annotated[str, StringConstraints(min_length=1)]
 
@@ -61,6 +61,13 @@ class OpStats(BaseModel):
         default=None, ge=0, le=1, description="DMA/compute overlap of its compute-stream calls, time-weighted mean")
 
 
+class PeakHolder(LiveMemory):
+    """One group of the allocations live at the allocated peak, as a baseline keeps it: the call
+    site's files relative to the pytest rootdir, or without folders outside it."""
+
+    model_config = _CONFIG
+
+
 class RunBaseline(BaseModel):
     """What one profiled run is compared on. Identity: hardware, devices, simulator version,
     workload fingerprint."""
@@ -86,9 +93,9 @@ class RunBaseline(BaseModel):
     alloc_retries_per_step: NonNegativeFloat | None = Field(
         default=None, description="Allocations that flushed the cache (synchronise, free every unsplit cached "
         "segment) and retried, per step: mean over the steps (torch num_alloc_retries)")
-    memory_peak_live: list[LiveMemory] | None = Field(
+    memory_peak_live: list[PeakHolder] | None = Field(
         default=None, description="What held the memory at the allocated peak (memory=True runs): the "
-        f"{PEAK_LIVE_GROUPS} largest groups by op type, kind and call site (files without folders)")
+        f"{PEAK_LIVE_GROUPS} largest groups by op type, kind and call site, largest first")
     ops: dict[OpType, OpStats] = Field(min_length=1)
 
 

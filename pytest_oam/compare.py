@@ -12,10 +12,11 @@ import dataclasses
 import numbers
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from simulator.profile import Profile
+from simulator.profile import LiveMemory, Profile
 
-from .baseline import PEAK_LIVE_GROUPS, OpStats, RunBaseline
+from .baseline import PEAK_LIVE_GROUPS, OpStats, PeakHolder, RunBaseline
 from .thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
 
 #: Gate statuses of a profiled test, most severe first. ``not-gated``: profiled without
@@ -72,8 +73,9 @@ def _alloc_retries_per_step(profile: Profile) -> float | None:
     return sum(m.alloc_retries for m in profile.memory if m.step in warm) / len(warm)
 
 
-def summarize(profile: Profile) -> RunBaseline:
-    """Reduce a profile to what a baseline stores: per-op-type statistics.
+def summarize(profile: Profile, root: str | None = None) -> RunBaseline:
+    """Reduce a profile to what a baseline stores: per-op-type statistics, and what held the
+    memory at its allocated peak (call sites relative to ``root``, the pytest rootdir).
 
     ``time_s`` is :meth:`Profile.op_time_s` (median over the steps the op type ran in);
     counters are per step in which it ran; pipe ratios are time-weighted means.
@@ -143,24 +145,44 @@ def summarize(profile: Profile) -> RunBaseline:
         memory_allocated_peak_bytes=max((m.allocated_peak_bytes for m in profile.memory), default=None),
         alloc_time_s=statistics.median(m.alloc_time_s for m in profile.memory) if profile.memory else None,
         alloc_retries_per_step=_alloc_retries_per_step(profile),
-        memory_peak_live=None if profile.memory_peak is None else [
-            g.model_copy(update={"source": portable_site(g.source)}) for g in profile.memory_peak.live[:PEAK_LIVE_GROUPS]],
+        memory_peak_live=None if profile.memory_peak is None else peak_holders(profile.memory_peak.live, root),
         tokens_per_step=profile.tokens_per_step,
         ops=ops,
     )
 
 
-def portable_site(site: str | None) -> str | None:
-    """A call site as a baseline keeps it: each ``file:line`` part (``user.py:12 (in
-    .../llama.py:379)``) with the file's folders dropped, so that a baseline saved in one
-    checkout reads the same in another."""
+def peak_holders(live: list[LiveMemory], root: str | None = None) -> list[PeakHolder]:
+    """The groups of a profile's ``memory_peak`` as a baseline keeps them: call sites made
+    portable (:func:`portable_site`), groups that then share a site added up, the
+    :data:`PEAK_LIVE_GROUPS` largest, largest first."""
+    merged: dict[tuple, list[int]] = {}
+    for g in live:
+        total = merged.setdefault((g.op_type, g.kind, portable_site(g.source, root)), [0, 0])
+        total[0] += g.size_bytes
+        total[1] += g.count
+    groups = sorted(merged.items(), key=lambda kv: -kv[1][0])[:PEAK_LIVE_GROUPS]
+    return [PeakHolder(op_type=op_type, kind=kind, source=source, size_bytes=size, count=count)
+            for (op_type, kind, source), (size, count) in groups]
+
+
+def portable_site(site: str | None, root: str | None = None) -> str | None:
+    """A call site as a baseline keeps it, so that one saved in one checkout reads the same in
+    another: each ``file:line`` part (``user.py:12 (in .../llama.py:379)``) with the file
+    relative to ``root`` (the pytest rootdir) when inside it, else without its folders."""
     if site is None:
         return None
     if site.endswith(")") and " (in " in site:
         user, _, library = site[:-1].partition(" (in ")
-        return f"{portable_site(user)} (in {portable_site(library)})"
+        return f"{portable_site(user, root)} (in {portable_site(library, root)})"
     file, sep, line = site.rpartition(":")
-    return f"{file.replace(chr(92), '/').rpartition('/')[2]}{sep}{line}" if sep else site
+    if not sep:
+        return site
+    if root is not None:
+        try:
+            return f"{Path(file).relative_to(root).as_posix()}{sep}{line}"
+        except ValueError:
+            pass
+    return f"{file.replace(chr(92), '/').rpartition('/')[2]}{sep}{line}"
 
 
 @dataclass(frozen=True)

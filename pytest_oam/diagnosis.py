@@ -6,14 +6,13 @@ Thresholds live in this module's constants.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from simulator.hardware import HardwareSpec
-from simulator.profile import LiveMemory, OpRecord, Profile
+from simulator.profile import LiveMemory, MemoryPeak, OpRecord, Profile
 
 from .baseline import PEAK_LIVE_GROUPS, OpStats
-from .compare import CounterChange, RunComparison, portable_site
+from .compare import CounterChange, RunComparison
 from .severity import Severity, grade_share
 
 #: Severity of a regressed peak memory or allocator time (no share of the step to grade by).
@@ -128,76 +127,139 @@ def _holder(group: LiveMemory) -> str:
     s = "" if group.count == 1 else "s"
     what = {"output": f"{group.op_type} output{s}", "workspace": f"{group.op_type} workspace{s}",
             "tensor": f"tensor{s} made"}[group.kind]
-    return f"{what} at {portable_site(group.source)}" if group.source else what
-
-
-def _site_key(group: LiveMemory) -> tuple:
-    return group.op_type, group.kind, portable_site(group.source)
-
-
-def _holder_key(group: LiveMemory) -> tuple:
-    """A group's op type, kind and files without lines (lines move when code is edited)."""
-    return group.op_type, group.kind, _LINE.sub("", portable_site(group.source) or "")
-
-
-_LINE = re.compile(r":\d+")
-
-
-def _peak_holders(profile: Profile | None, baseline_live: list[LiveMemory] | None) -> tuple[str, list[tuple[str, float]]]:
-    """What held more memory at the allocated peak than in the baseline (or, when the baseline
-    does not say, what held the most), as a clause and as (call site, bytes at the peak)."""
-    peak = profile.memory_peak if profile is not None else None
-    if peak is None:
-        return "", []
-    from .report import fmt_bytes as mib
-    reached = (f"the allocated peak (step {peak.step}, reached by a {mib(peak.reached_by.size_bytes)} "
-               f"{_holder(peak.reached_by)})")
-    if baseline_live is None:
-        top = peak.live[:MAX_CALL_SITES]
-        return (f"; at {reached} the most was held by " + "; ".join(f"{_holder(g)}: {mib(g.size_bytes)}" for g in top),
-                [(g.source, float(g.size_bytes)) for g in top if g.source])
-
-    # Groups match by op type, kind and call site; one whose line moved (code edited above it)
-    # matches a group left over in the same files.
-    base = {_site_key(g): g for g in baseline_live}
-    current_keys = {_site_key(g) for g in peak.live}
-    spare = [g for key, g in base.items() if key not in current_keys]
-    grew = []
-    for g in peak.live:
-        was = base.get(_site_key(g))
-        if was is None:
-            was = next((b for b in spare if _holder_key(b) == _holder_key(g)), None)
-            if was is not None:
-                spare.remove(was)
-        delta = g.size_bytes - (was.size_bytes if was is not None else 0)
-        if delta > 0:
-            grew.append((delta, g, was))
-    grew = sorted(grew, key=lambda item: -item[0])[:MAX_CALL_SITES]
-    if not grew:
-        same = "; at {} no call site held more than in the baseline's peak (the same tensors, live at once in another order)"
-        return same.format(reached), []
-    parts = []
-    for delta, g, was in grew:
-        if was is not None:
-            how = f"{mib(was.size_bytes)} -> {mib(g.size_bytes)}, {was.count} -> {g.count} allocations"
-        else:
-            cut = " among the baseline's largest" if len(baseline_live) >= PEAK_LIVE_GROUPS else ""
-            how = f"{mib(g.size_bytes)} in {_plural(g.count, 'allocation')}, none{cut} at the baseline's peak"
-        parts.append(f"{_holder(g)} +{mib(delta)} ({how})")
-    return (f"; at {reached} held more: " + "; ".join(parts), [(g.source, float(g.size_bytes)) for _, g, _ in grew if g.source])
+    return f"{what} at {group.source}" if group.source else what
 
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def _memory_finding(v, profile: Profile | None = None, baseline_peak_live: list[LiveMemory] | None = None,
-                    holders: bool = True) -> Finding:
-    """A regression of peak device memory (with what held more memory at the peak, when
-    ``profile`` is given, compared with ``baseline_peak_live`` when the baseline has it), of
-    allocator time or of cache flushes (with the ops the flushes stalled). ``holders`` False: a
-    peak row that points to the allocated peak's finding for what held the memory."""
+def _moved_key(group: LiveMemory) -> tuple:
+    """A group's identity when the user's code moved: the user's file without its line (code
+    edited above the call), the library part as it is (the simulator's files do not move
+    between comparable runs), the same size and count."""
+    user, sep, library = (group.source or "").partition(" (in ")
+    return group.op_type, group.kind, user.rpartition(":")[0], sep + library, group.size_bytes, group.count
+
+
+def _peak_holders(
+    current_live: list[LiveMemory] | None, baseline_live: list[LiveMemory] | None, reached: str,
+) -> tuple[str, list[tuple[str, float]], str | None]:
+    """What held more (and less) memory at the allocated peak than at the baseline's, or, when
+    the baseline does not say, what held the most: a clause for the finding, the (call site,
+    bytes at the peak) of the groups that grew, and the kind of the one that grew most.
+
+    Both lists are :func:`pytest_oam.compare.peak_holders` groups (portable call sites, the
+    largest ones when cut at :data:`PEAK_LIVE_GROUPS`). Groups match by op type, kind and call
+    site; a group of the same size and count whose line alone moved matches too (code edited
+    above it); any other change of site counts as a new group and a gone one. A group missing
+    from a list that was cut, and no larger than that list's smallest group, is not compared.
+    """
+    from .report import fmt_bytes
+
+    if current_live is None:
+        return "", [], None
+    if baseline_live is None:
+        top = current_live[:MAX_CALL_SITES]
+        held = "; ".join(f"{_holder(g)}: {fmt_bytes(g.size_bytes)}" for g in top)
+        clause = (f"; at {reached} the most was held by {held} (the baseline has no record of what held its peak: "
+                  "save it again to compare)")
+        return clause, [(g.source, float(g.size_bytes)) for g in top if g.source], None
+
+    def by_site(groups: list[LiveMemory]) -> dict[tuple, LiveMemory]:
+        out: dict[tuple, LiveMemory] = {}
+        for g in groups:
+            key = (g.op_type, g.kind, g.source)
+            was = out.get(key)
+            out[key] = g if was is None else was.model_copy(
+                update={"size_bytes": was.size_bytes + g.size_bytes, "count": was.count + g.count})
+        return out
+
+    current, base = by_site(current_live), by_site(baseline_live)
+    spare = {_moved_key(g): key for key, g in base.items() if key not in current}
+    for key, g in list(current.items()):
+        if key not in base and _moved_key(g) in spare:
+            moved = spare.pop(_moved_key(g))
+            base[key] = base.pop(moved)
+    cut = {id(current): len(current_live) >= PEAK_LIVE_GROUPS, id(base): len(baseline_live) >= PEAK_LIVE_GROUPS}
+    smallest_current = min(g.size_bytes for g in current_live) if current_live else 0
+    smallest_base = min(g.size_bytes for g in baseline_live) if baseline_live else 0
+    changes = []
+    for key in current.keys() | base.keys():
+        now, was = current.get(key), base.get(key)
+        if was is None and cut[id(base)] and now.size_bytes <= smallest_base:
+            continue  # may be among the baseline's groups too small to keep
+        if now is None and cut[id(current)] and was.size_bytes <= smallest_current:
+            continue
+        delta = (now.size_bytes if now else 0) - (was.size_bytes if was else 0)
+        if delta:
+            changes.append((delta, now, was))
+    def order(change: tuple) -> tuple:  # largest change first, then by site: the same text every run
+        group = change[1] or change[2]
+        return -abs(change[0]), group.source or "", group.op_type or "", group.kind
+
+    grew = sorted((c for c in changes if c[0] > 0), key=order)
+    shrank = sorted((c for c in changes if c[0] < 0), key=order)
+
+    def told(items: list[tuple], limit: int, sign: str) -> str:
+        parts = []
+        for delta, now, was in items[:limit]:
+            size = f"{sign}{fmt_bytes(abs(delta))}"
+            if now is not None and was is not None:
+                parts.append(f"{_holder(now)} {size} ({fmt_bytes(was.size_bytes)} -> {fmt_bytes(now.size_bytes)}, "
+                             f"{was.count} -> {_plural(now.count, 'allocation')})")
+            elif now is not None:
+                among = f" among its {PEAK_LIVE_GROUPS} largest" if cut[id(base)] else ""
+                parts.append(f"{_holder(now)} {size} (new: {_plural(now.count, 'allocation')}, none{among} at the "
+                             "baseline's peak)")
+            else:
+                parts.append(f"{_holder(was)} {size} (no longer live at the peak)")
+        rest = items[limit:]
+        if rest:
+            parts.append(f"{len(rest)} more {sign}{fmt_bytes(abs(sum(d for d, _, _ in rest)))}")
+        return "; ".join(parts)
+
+    if not grew:
+        less = f"; held less: {told(shrank, 2, '-')}" if shrank else ""
+        return f"; at {reached} no call site held more than at the baseline's peak{less}", [], None
+    less = f"; held less: {told(shrank, 2, '-')}" if shrank else ""
+    sites = [(now.source, float(now.size_bytes)) for _, now, _ in grew[:MAX_CALL_SITES] if now.source]
+    return f"; at {reached} held more: {told(grew, MAX_CALL_SITES, '+')}{less}", sites, grew[0][1].kind
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """What a diagnosis knows of the memory at the allocated peaks: the groups of the current
+    run and of the baseline (:func:`pytest_oam.compare.peak_holders`, ``None`` when unknown),
+    the current peak itself (``None`` when the profile has none) and the root its call sites
+    are relative to."""
+
+    current_live: list[LiveMemory] | None = None
+    baseline_live: list[LiveMemory] | None = None
+    peak: MemoryPeak | None = None
+    root: str | None = None
+
+    def reached(self) -> str:
+        from .compare import portable_site
+        from .report import fmt_bytes
+
+        if self.peak is None:
+            return "the allocated peak"
+        by = self.peak.reached_by.model_copy(update={"source": portable_site(self.peak.reached_by.source, self.root)})
+        return f"the allocated peak (step {self.peak.step}, reached by a {fmt_bytes(by.size_bytes)} {_holder(by)})"
+
+
+def _memory_finding(v, profile: Profile | None = None, memory: PeakMemory | None = None,
+                    allocated=None) -> Finding:
+    """A regression of peak device memory, of allocator time or of cache flushes (with the ops
+    the flushes stalled, from ``profile``). A regressed allocated peak says what held more
+    memory at it (``memory``); a regressed reserved peak points there when the allocated peak
+    regressed too (``allocated``, its verdict), and otherwise says the growth is memory the
+    cache holds that no tensor used."""
+    from .report import fmt_bytes
+
     sites: list[tuple[str, float]] = []
+    memory = memory or PeakMemory()
     if v.unit == "count":
         from .report import fmt_value
 
@@ -210,12 +272,26 @@ def _memory_finding(v, profile: Profile | None = None, baseline_peak_live: list[
                "(allocate and free one tensor of that size first: the cache keeps the segment and carves every "
                "later tensor out of it), use expandable_segments, or pad sequence lengths to a few buckets")
     elif v.unit == "bytes":
-        held, sites = (_peak_holders(profile, baseline_peak_live) if holders
-                       else ("; what held more at the peak: see memory.allocated_peak", []))
-        what = (f"peak {v.op_type.split('.')[1].replace('_peak', '')} memory grew {v.change_frac * 100:+.1f}% "
-                f"({v.baseline_s / 2**20:,.1f} -> {v.current_s / 2**20:,.1f} MiB){held}")
+        grew = (f"peak {v.op_type.split('.')[1].replace('_peak', '')} memory grew {v.change_frac * 100:+.1f}% "
+                f"({fmt_bytes(v.baseline_s)} -> {fmt_bytes(v.current_s)})")
         tip = ("find the tensors that live longer or grew (activations kept across steps, a cache that is never "
                "freed); with little headroom left the caching allocator starts to flush and retry")
+        if v.op_type == "memory.reserved_peak" and allocated is not None and allocated.status != "regressed":
+            change = "" if allocated.change_frac is None else f" {allocated.change_frac * 100:+.1f}%"
+            what = (f"{grew}, the allocated peak only{change}: the rest is memory the caching allocator reserved "
+                    "that no tensor held at the peak")
+            tip = ("a request that no cached free block fits gets a new segment while the cached ones stay reserved "
+                   "(sizes that change between allocations); pre-allocate a pool as large as the largest request, "
+                   "use expandable_segments:True, or keep sizes to a few buckets")
+        elif v.op_type == "memory.reserved_peak" and allocated is not None:
+            told = memory.current_live is not None
+            what = grew + ("; what held more at the allocated peak: see memory.allocated_peak" if told else "")
+        else:
+            held, sites, kind = _peak_holders(memory.current_live, memory.baseline_live, memory.reached())
+            what = grew + held
+            if kind == "workspace":
+                tip = ("an op's workspace (the scratch memory CANN's kernel asks for) is sized by its shapes and "
+                       "tiling: a longer sequence or another tiling can need more; " + tip)
     else:
         what = f"time in the allocator per step grew {v.change_frac * 100:+.1f}%"
         tip = ("more or different-sized allocations each step, or a costlier allocator setting: reuse buffers, "
@@ -241,24 +317,21 @@ def diagnose(
     profile: Profile | None = None,
     current: dict[str, OpStats] | None = None,
     baseline: dict[str, OpStats] | None = None,
-    baseline_peak_live: list[LiveMemory] | None = None,
+    memory: PeakMemory | None = None,
 ) -> list[Finding]:
     """Findings for each regressed op type and each new one, biggest time first.
 
     ``current`` and ``baseline`` (op type -> stats) add the check for an op that became
-    memory-bound; ``baseline_peak_live`` (the baseline's ``memory_peak_live``) says what held
-    more memory at a regressed peak.
+    memory-bound; ``memory`` says what held the memory at a regressed allocated peak.
     """
     findings = []
     step_s = comparison.baseline_step_s
-    # What held the memory is told once: under the allocated peak when it regressed
-    told_holders = any(v.op_type == "memory.allocated_peak" and v.status == "regressed" for v in comparison.verdicts)
+    allocated = next((v for v in comparison.verdicts if v.op_type == "memory.allocated_peak"), None)
     for v in comparison.verdicts:
         if v.status != "regressed" or v.baseline_s is None or v.current_s is None or v.op_type == "step":
             continue
         if v.unit in ("bytes", "count") or v.op_type == "alloc_time":
-            holders = v.op_type == "memory.allocated_peak" or not told_holders
-            findings.append(_memory_finding(v, profile, baseline_peak_live, holders))
+            findings.append(_memory_finding(v, profile, memory, allocated))
             continue
         delta = v.current_s - v.baseline_s
         share = delta / step_s if step_s > 0 else 0.0

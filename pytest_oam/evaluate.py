@@ -42,7 +42,8 @@ class GateInputs:
     ``gating``: compared with a baseline (``--oam-baseline``); ``saving``: ``--oam-save-baseline``.
     Thresholds are fractions by op type or glob, from the marker, the command line and the ini
     file (closest first). ``baseline_path`` is shown as given; ``invocation_dir`` is the folder
-    call sites are shown relative to.
+    call sites are shown relative to; ``root_dir`` (the pytest rootdir) the one a baseline keeps
+    them relative to.
     """
 
     nodeid: str
@@ -58,6 +59,7 @@ class GateInputs:
     baseline_path: str | None = None
     baseline_error: str | None = None
     invocation_dir: str | None = None
+    root_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -110,7 +112,7 @@ def evaluate_gate(
 
     from .baseline import BaselineFile
     from .compare import compare_run, summarize, worst_status
-    from .diagnosis import diagnose
+    from .diagnosis import PeakMemory, diagnose
     from .report import (
         DiagnosisReport,
         FindingReport,
@@ -142,7 +144,7 @@ def evaluate_gate(
         base_run = baseline.runs[matched[i]] if matched[i] is not None else None
         status, reasons, base_step, top_ops = "not-gated", [], None, []
         try:
-            current = summarize(profile)
+            current = summarize(profile, inputs.root_dir)
         except ValueError as exc:  # the workload ran no operator
             current, reasons = None, [str(exc)]
             if gating:
@@ -171,7 +173,8 @@ def evaluate_gate(
                 status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
                 run_findings = [
                     dataclasses.replace(f, call_sites=[(site(s), t) for s, t in f.call_sites])
-                    for f in diagnose(comparison, profile, current.ops, base_run.ops, base_run.memory_peak_live)
+                    for f in diagnose(comparison, profile, current.ops, base_run.ops, PeakMemory(
+                        current.memory_peak_live, base_run.memory_peak_live, profile.memory_peak, inputs.root_dir))
                 ]
                 verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
                 findings += [

@@ -42,7 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="append",
         default=None,
         metavar="OP=LIMIT",
-        help="Regression limit for an op type or glob, e.g. MatMul=5% or 'FlashAttention*=0.02' (repeatable)",
+        help="Regression limit for an op type or glob, e.g. MatMul=5%% or 'FlashAttention*=0.02' (repeatable)",
     )
     group.addoption(
         "--oam-hardware",
@@ -108,7 +108,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="OP=LIMIT",
         help="Fail profiled tests whose calls of OP (an op type or glob) are more than LIMIT slower than the "
-             "tuned optimum in the knowledge base, e.g. FlashAttention=5% (repeatable); calls with no record "
+             "tuned optimum in the knowledge base, e.g. FlashAttention=5%% (repeatable); calls with no record "
              "are skipped with a note, or fail with --oam-strict",
     )
     parser.addini("oam_baseline_dir", "Folder of baseline files, relative to the ini file", default="baselines")

@@ -639,6 +639,7 @@ class OamSession:
             baseline_path=self._display(profiler.baseline_path) if profiler.baseline_path else None,
             baseline_error=profiler.baseline_error,
             invocation_dir=str(self.config.invocation_params.dir),
+            root_dir=str(self.config.rootpath),
         )
 
     def _evaluate(

@@ -151,10 +151,10 @@ def test_memory(oam_profile):
     # file, same kind: they match by line first)
     result.stdout.fnmatch_lines(["*memory.allocated_peak*18.00 MiB*22.00 MiB*+22.2%*5.0%*REGRESSED*",
                                  "*where: test_mem.py:6 (4.00 MiB at the peak)",
-                                 ("*peak allocated memory grew +22.2% (18.0 -> 22.0 MiB); at the allocated peak "
-                                  "(step 0, reached by a 2.00 MiB Add output at test_mem.py:7) held more: tensor "
-                                  "made at test_mem.py:6 +4.00 MiB (4.00 MiB in 1 allocation, none at the baseline's "
-                                  "peak): find the tensors*")])
+                                 ("*peak allocated memory grew +22.2% (18.00 MiB -> 22.00 MiB); at the allocated "
+                                  "peak (step 0, reached by a 2.00 MiB Add output at test_mem.py:7) held more: tensor "
+                                  "made at test_mem.py:6 +4.00 MiB (new: 1 allocation, none at the baseline's peak): "
+                                  "find the tensors*")])
     # Review finding: memory rows have no time of their own, but the Markdown and JUnit said
     # "+0.0 us per step"
     pytester.runpytest("--oam-baseline", "--oam-report", "r.md", "--junitxml", "j.xml")

@@ -709,3 +709,11 @@ def test_step(oam_profile, i):
     pytester.runpytest_subprocess("-n", "2", "--oam-report=r.json").assert_outcomes(passed=6)
     report = json.loads((pytester.path / "r.json").read_text())
     assert [t["nodeid"] for t in report["tests"]] == [f"test_order.py::test_step[{i}]" for i in range(6)]
+
+
+def test_pytest_help_shows_the_options(pytester) -> None:
+    # Newcomer finding: "MatMul=5% or" in a help text made argparse's %-formatting raise, so
+    # pytest --help crashed whenever the plugin was installed
+    result = pytester.runpytest("--help")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*--oam-threshold=OP=LIMIT*", "*MatMul=5%*", "*--oam-tuned-limit=OP=LIMIT*"])
