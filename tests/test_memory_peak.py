@@ -153,7 +153,7 @@ def test_peak_holders_do_not_tell_groups_below_a_cut_baseline_as_new(monkeypatch
     monkeypatch.setattr(diagnosis_module, "PEAK_LIVE_GROUPS", 3)
     baseline = [_group(f"t.py:{i}", 10 + i) for i in range(6)]  # keeps 15, 14, 13 MiB
     current = [*baseline[:5], _group("t.py:5", 40), _group("t.py:9", 20)]
-    text, sites, _ = _holders(current, baseline)
+    text, _, _ = _holders(current, baseline)
     assert text == ("; at the peak held more: MatMul output at t.py:5 +25.00 MiB (15.00 MiB -> 40.00 MiB, 1 -> 1 "
                     "allocation); MatMul output at t.py:9 +20.00 MiB (new: 1 allocation, none among its 3 largest at "
                     "the baseline's peak)")
@@ -180,8 +180,8 @@ def test_frag(oam_profile):
     pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
     if reserved_only:  # a 20 MiB scratch segment that the 30 MiB output does not fit: a new segment
         monkeypatch.setenv("SCRATCH", "20")
-        lines = ["*peak reserved memory grew *, the allocated peak only +0.0%: the rest is memory the caching "
-                 "allocator reserved that no tensor held at the peak: a request that no cached free block fits*"]
+        lines = [("*peak reserved memory grew *, the allocated peak only +0.0%: the rest is memory the caching "
+                  "allocator reserved that no tensor held at the peak: a request that no cached free block fits*")]
     else:
         monkeypatch.setenv("OUT", "40")
         lines = ["*peak reserved memory grew *; what held more at the allocated peak: see memory.allocated_peak:*",
