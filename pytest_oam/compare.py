@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import posixpath
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from simulator.profile import LiveMemory, Profile
 
@@ -166,23 +167,41 @@ def peak_holders(live: list[LiveMemory], root: str | None = None) -> list[PeakHo
 
 
 def portable_site(site: str | None, root: str | None = None) -> str | None:
-    """A call site as a baseline keeps it, so that one saved in one checkout reads the same in
-    another: each ``file:line`` part (``user.py:12 (in .../llama.py:379)``) with the file
-    relative to ``root`` (the pytest rootdir) when inside it, else without its folders."""
+    """A call site as a baseline keeps it, readable in another checkout: each ``file:line``
+    part (``user.py:12 (in .../llama.py:379)``) with an absolute file relative to ``root`` (the
+    pytest rootdir) when inside it and not in an installed package, else without its folders;
+    a relative file as it is, normalised. Baselines match call sites by :func:`site_key`, so the
+    form kept here is for reading."""
+    return _map_parts(site, lambda file: _portable_file(file, root))
+
+
+def site_key(site: str | None) -> str | None:
+    """The part of a call site that matches across runs, checkouts and installs: each part's
+    file name without folders, and its line (``test_x.py:12 (in llama.py:379)``). Two files of
+    one name in two folders meet under one key; callers add up what meets."""
+    return _map_parts(site, lambda file: file.replace("\\", "/").rpartition("/")[2])
+
+
+def _map_parts(site: str | None, file_of) -> str | None:
     if site is None:
         return None
     if site.endswith(")") and " (in " in site:
         user, _, library = site[:-1].partition(" (in ")
-        return f"{portable_site(user, root)} (in {portable_site(library, root)})"
+        return f"{_map_parts(user, file_of)} (in {_map_parts(library, file_of)})"
     file, sep, line = site.rpartition(":")
-    if not sep:
-        return site
-    if root is not None:
+    return f"{file_of(file)}{sep}{line}" if sep else site
+
+
+def _portable_file(file: str, root: str | None) -> str:
+    path = PurePosixPath(file.replace("\\", "/"))
+    if not path.is_absolute() and not PureWindowsPath(file).is_absolute():
+        return posixpath.normpath(path.as_posix())
+    if root is not None and "site-packages" not in path.parts:
         try:
-            return f"{Path(file).relative_to(root).as_posix()}{sep}{line}"
+            return posixpath.normpath(Path(file).relative_to(root).as_posix())
         except ValueError:
             pass
-    return f"{file.replace(chr(92), '/').rpartition('/')[2]}{sep}{line}"
+    return path.name
 
 
 @dataclass(frozen=True)

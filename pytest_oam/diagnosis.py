@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from simulator.hardware import HardwareSpec
 from simulator.profile import LiveMemory, MemoryPeak, OpRecord, Profile
 
-from .baseline import PEAK_LIVE_GROUPS, OpStats
-from .compare import CounterChange, RunComparison
+from .baseline import OpStats
+from .compare import CounterChange, RunComparison, portable_site, site_key
 from .severity import Severity, grade_share
 
 #: Severity of a regressed peak memory or allocator time (no share of the step to grade by).
@@ -123,130 +123,155 @@ def _flush_sites(profile: Profile | None) -> tuple[str, list[tuple[str, float]]]
     return f"; the flushes stalled {named}{more}.", sorted(sites.items(), key=lambda kv: -kv[1])
 
 
-def _holder(group: LiveMemory) -> str:
-    s = "" if group.count == 1 else "s"
+def _holder(group: LiveMemory, root: str | None = None, count: int | None = None) -> str:
+    """``MatMul outputs at model.py:12``: the group's kind and op type, and its call site as a
+    baseline keeps it (:func:`pytest_oam.compare.portable_site`, relative to ``root``)."""
+    s = "" if (group.count if count is None else count) == 1 else "s"
     what = {"output": f"{group.op_type} output{s}", "workspace": f"{group.op_type} workspace{s}",
             "tensor": f"tensor{s} made"}[group.kind]
-    return f"{what} at {group.source}" if group.source else what
+    return f"{what} at {portable_site(group.source, root)}" if group.source else what
 
 
 def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def _moved_key(group: LiveMemory) -> tuple:
-    """A group's identity when the user's code moved: the user's file without its line (code
-    edited above the call), the library part as it is (the simulator's files do not move
-    between comparable runs), the same size and count."""
-    user, sep, library = (group.source or "").partition(" (in ")
-    return group.op_type, group.kind, user.rpartition(":")[0], sep + library, group.size_bytes, group.count
+@dataclass
+class _Held:
+    """The allocations of one call-site key at one peak: their bytes and count, and the group
+    that stands for them in the text (the largest)."""
+
+    size_bytes: int
+    count: int
+    group: LiveMemory
 
 
-def _peak_holders(
-    current_live: list[LiveMemory] | None, baseline_live: list[LiveMemory] | None, reached: str,
-) -> tuple[str, list[tuple[str, float]], str | None]:
+def _held_by_key(groups: list[LiveMemory]) -> dict[tuple, _Held]:
+    out: dict[tuple, _Held] = {}
+    for g in groups:
+        key = (g.op_type, g.kind, site_key(g.source))
+        held = out.get(key)
+        if held is None:
+            out[key] = _Held(g.size_bytes, g.count, g)
+        else:
+            held.size_bytes += g.size_bytes
+            held.count += g.count
+            if g.size_bytes > held.group.size_bytes:
+                held.group = g
+    return out
+
+
+def _moved_key(key: tuple, held: _Held) -> tuple:
+    """A group's identity when the user's code moved (lines added above the call): its key with
+    the user's line dropped (a library line stays: the simulator's files do not move between
+    comparable runs), and the same bytes and count."""
+    op_type, kind, site = key
+    user, sep, library = (site or "").partition(" (in ")
+    return op_type, kind, user.rpartition(":")[0], sep + library, held.size_bytes, held.count
+
+
+def _peak_holders(memory: PeakMemory) -> tuple[str, list[tuple[str, float]], str | None]:
     """What held more (and less) memory at the allocated peak than at the baseline's, or, when
     the baseline does not say, what held the most: a clause for the finding, the (call site,
     bytes at the peak) of the groups that grew, and the kind of the one that grew most.
 
-    Both lists are :func:`pytest_oam.compare.peak_holders` groups (portable call sites, the
-    largest ones when cut at :data:`PEAK_LIVE_GROUPS`). Groups match by op type, kind and call
-    site; a group of the same size and count whose line alone moved matches too (code edited
-    above it); any other change of site counts as a new group and a gone one. A group missing
-    from a list that was cut, and no larger than that list's smallest group, is not compared.
+    Groups match by op type, kind and :func:`pytest_oam.compare.site_key` (file names and
+    lines; what meets under one key is added up); a group of the same bytes and count whose
+    user line alone moved matches too (code edited above it); any other change of site counts
+    as a new group and a gone one. A list cut to its largest groups (its sizes add up to less
+    than its peak) cannot tell a group it lacks that is no larger than its smallest: such a
+    group is not compared. Differences of allocator rounding alone (512 B per allocation) are
+    not told.
     """
     from .report import fmt_bytes
 
-    if current_live is None:
+    current_live, baseline_live = memory.current_live, memory.baseline_live
+    if not current_live:
         return "", [], None
+    reached = memory.reached()
     if baseline_live is None:
         top = current_live[:MAX_CALL_SITES]
-        held = "; ".join(f"{_holder(g)}: {fmt_bytes(g.size_bytes)}" for g in top)
+        held = "; ".join(f"{_holder(g, memory.root)}: {fmt_bytes(g.size_bytes)}" for g in top)
         clause = (f"; at {reached} the most was held by {held} (the baseline has no record of what held its peak: "
                   "save it again to compare)")
         return clause, [(g.source, float(g.size_bytes)) for g in top if g.source], None
 
-    def by_site(groups: list[LiveMemory]) -> dict[tuple, LiveMemory]:
-        out: dict[tuple, LiveMemory] = {}
-        for g in groups:
-            key = (g.op_type, g.kind, g.source)
-            was = out.get(key)
-            out[key] = g if was is None else was.model_copy(
-                update={"size_bytes": was.size_bytes + g.size_bytes, "count": was.count + g.count})
-        return out
+    current, base = _held_by_key(current_live), _held_by_key(baseline_live)
+    spare = {_moved_key(key, held): key for key, held in base.items() if key not in current}
+    for key, held in current.items():
+        if key not in base and _moved_key(key, held) in spare:
+            base[key] = base.pop(spare.pop(_moved_key(key, held)))
 
-    current, base = by_site(current_live), by_site(baseline_live)
-    spare = {_moved_key(g): key for key, g in base.items() if key not in current}
-    for key, g in list(current.items()):
-        if key not in base and _moved_key(g) in spare:
-            moved = spare.pop(_moved_key(g))
-            base[key] = base.pop(moved)
-    cut = {id(current): len(current_live) >= PEAK_LIVE_GROUPS, id(base): len(baseline_live) >= PEAK_LIVE_GROUPS}
-    smallest_current = min(g.size_bytes for g in current_live) if current_live else 0
-    smallest_base = min(g.size_bytes for g in baseline_live) if baseline_live else 0
+    def smallest_if_cut(groups: list[LiveMemory], peak_bytes: int | None) -> int | None:
+        cut = peak_bytes is not None and sum(g.size_bytes for g in groups) < peak_bytes
+        return min((g.size_bytes for g in groups), default=0) if cut else None
+
+    cut_current = smallest_if_cut(current_live, memory.current_peak_bytes)
+    cut_base = smallest_if_cut(baseline_live, memory.baseline_peak_bytes)
     changes = []
     for key in current.keys() | base.keys():
         now, was = current.get(key), base.get(key)
-        if was is None and cut[id(base)] and now.size_bytes <= smallest_base:
-            continue  # may be among the baseline's groups too small to keep
-        if now is None and cut[id(current)] and was.size_bytes <= smallest_current:
+        if was is None and cut_base is not None and now.size_bytes <= cut_base:
+            continue  # may be one of the groups too small for the baseline to keep
+        if now is None and cut_current is not None and was.size_bytes <= cut_current:
             continue
         delta = (now.size_bytes if now else 0) - (was.size_bytes if was else 0)
-        if delta:
-            changes.append((delta, now, was))
-    def order(change: tuple) -> tuple:  # largest change first, then by site: the same text every run
-        group = change[1] or change[2]
-        return -abs(change[0]), group.source or "", group.op_type or "", group.kind
+        if abs(delta) > 512 * max(now.count if now else 0, was.count if was else 0):
+            changes.append((delta, now, was, key))
+
+    def order(change: tuple) -> tuple:  # largest change first, then by key: the same text every run
+        return -abs(change[0]), repr(change[3])
 
     grew = sorted((c for c in changes if c[0] > 0), key=order)
     shrank = sorted((c for c in changes if c[0] < 0), key=order)
 
     def told(items: list[tuple], limit: int, sign: str) -> str:
         parts = []
-        for delta, now, was in items[:limit]:
+        for delta, now, was, _ in items[:limit]:
             size = f"{sign}{fmt_bytes(abs(delta))}"
             if now is not None and was is not None:
-                parts.append(f"{_holder(now)} {size} ({fmt_bytes(was.size_bytes)} -> {fmt_bytes(now.size_bytes)}, "
-                             f"{was.count} -> {_plural(now.count, 'allocation')})")
+                parts.append(f"{_holder(now.group, memory.root, now.count)} {size} ({fmt_bytes(was.size_bytes)} -> "
+                             f"{fmt_bytes(now.size_bytes)}, {was.count} -> {_plural(now.count, 'allocation')})")
             elif now is not None:
-                among = f" among its {PEAK_LIVE_GROUPS} largest" if cut[id(base)] else ""
-                parts.append(f"{_holder(now)} {size} (new: {_plural(now.count, 'allocation')}, none{among} at the "
-                             "baseline's peak)")
+                among = " among the groups it kept" if cut_base is not None else ""
+                parts.append(f"{_holder(now.group, memory.root, now.count)} {size} (new: "
+                             f"{_plural(now.count, 'allocation')}, none{among} at the baseline's peak)")
             else:
-                parts.append(f"{_holder(was)} {size} (no longer live at the peak)")
+                parts.append(f"{_holder(was.group, None, was.count)} {size} (no longer live at the peak)")
         rest = items[limit:]
         if rest:
-            parts.append(f"{len(rest)} more {sign}{fmt_bytes(abs(sum(d for d, _, _ in rest)))}")
+            parts.append(f"{len(rest)} more {sign}{fmt_bytes(abs(sum(c[0] for c in rest)))}")
         return "; ".join(parts)
 
-    if not grew:
-        less = f"; held less: {told(shrank, 2, '-')}" if shrank else ""
-        return f"; at {reached} no call site held more than at the baseline's peak{less}", [], None
     less = f"; held less: {told(shrank, 2, '-')}" if shrank else ""
-    sites = [(now.source, float(now.size_bytes)) for _, now, _ in grew[:MAX_CALL_SITES] if now.source]
-    return f"; at {reached} held more: {told(grew, MAX_CALL_SITES, '+')}{less}", sites, grew[0][1].kind
+    if not grew:
+        kept = " (the baseline kept only its largest groups: smaller ones are not compared)" if cut_base else ""
+        return f"; at {reached} no call site held more than at the baseline's peak{kept}{less}", [], None
+    sites = [(now.group.source, float(now.size_bytes)) for _, now, _, _ in grew[:MAX_CALL_SITES] if now.group.source]
+    return f"; at {reached} held more: {told(grew, MAX_CALL_SITES, '+')}{less}", sites, grew[0][1].group.kind
 
 
 @dataclass(frozen=True)
 class PeakMemory:
-    """What a diagnosis knows of the memory at the allocated peaks: the groups of the current
-    run and of the baseline (:func:`pytest_oam.compare.peak_holders`, ``None`` when unknown),
-    the current peak itself (``None`` when the profile has none) and the root its call sites
-    are relative to."""
+    """What a diagnosis knows of the memory at the allocated peaks: the groups live at the
+    current peak (the profile's ``memory_peak.live``, or a baseline's ``memory_peak_live``) and
+    at the baseline's (``None`` when unknown), both peaks in bytes (to tell a cut list), the
+    current peak itself (``None`` when the profile has none) and the pytest rootdir."""
 
     current_live: list[LiveMemory] | None = None
     baseline_live: list[LiveMemory] | None = None
+    current_peak_bytes: int | None = None
+    baseline_peak_bytes: int | None = None
     peak: MemoryPeak | None = None
     root: str | None = None
 
     def reached(self) -> str:
-        from .compare import portable_site
         from .report import fmt_bytes
 
         if self.peak is None:
             return "the allocated peak"
-        by = self.peak.reached_by.model_copy(update={"source": portable_site(self.peak.reached_by.source, self.root)})
-        return f"the allocated peak (step {self.peak.step}, reached by a {fmt_bytes(by.size_bytes)} {_holder(by)})"
+        by = self.peak.reached_by
+        return f"the allocated peak (step {self.peak.step}, reached by a {fmt_bytes(by.size_bytes)} {_holder(by, self.root)})"
 
 
 def _memory_finding(v, profile: Profile | None = None, memory: PeakMemory | None = None,
@@ -287,7 +312,7 @@ def _memory_finding(v, profile: Profile | None = None, memory: PeakMemory | None
             told = memory.current_live is not None
             what = grew + ("; what held more at the allocated peak: see memory.allocated_peak" if told else "")
         else:
-            held, sites, kind = _peak_holders(memory.current_live, memory.baseline_live, memory.reached())
+            held, sites, kind = _peak_holders(memory)
             what = grew + held
             if kind == "workspace":
                 tip = ("an op's workspace (the scratch memory CANN's kernel asks for) is sized by its shapes and "

@@ -174,7 +174,12 @@ def evaluate_gate(
                 run_findings = [
                     dataclasses.replace(f, call_sites=[(site(s), t) for s, t in f.call_sites])
                     for f in diagnose(comparison, profile, current.ops, base_run.ops, PeakMemory(
-                        current.memory_peak_live, base_run.memory_peak_live, profile.memory_peak, inputs.root_dir))
+                        current_live=(profile.memory_peak.live if profile.memory_peak is not None
+                                      else current.memory_peak_live),
+                        baseline_live=base_run.memory_peak_live,
+                        current_peak_bytes=current.memory_allocated_peak_bytes,
+                        baseline_peak_bytes=base_run.memory_allocated_peak_bytes,
+                        peak=profile.memory_peak, root=inputs.root_dir))
                 ]
                 verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
                 findings += [

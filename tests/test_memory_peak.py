@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import simulator
 from pytest_oam.compare import peak_holders, portable_site, summarize
-from pytest_oam.diagnosis import _peak_holders
+from pytest_oam.diagnosis import PeakMemory, _peak_holders
 from simulator.profile import LiveMemory
 from simulator.units import MiB
 
@@ -107,8 +107,14 @@ def _group(source, mib, count=1, op_type="MatMul", kind="output"):
     return LiveMemory(op_type=op_type, kind=kind, source=source, size_bytes=mib * MiB, count=count)
 
 
-def _holders(current, baseline):
-    return _peak_holders(peak_holders(current), None if baseline is None else peak_holders(baseline), "the peak")
+def _holders(current, baseline, root=None):
+    """The diagnosis of a current peak's groups (as the profile holds them, uncut) against a
+    baseline's (as a baseline keeps them: :func:`peak_holders`)."""
+    kept = None if baseline is None else peak_holders(baseline)
+    return _peak_holders(PeakMemory(
+        current_live=sorted(current, key=lambda g: -g.size_bytes), baseline_live=kept,
+        current_peak_bytes=sum(g.size_bytes for g in current),
+        baseline_peak_bytes=None if baseline is None else sum(g.size_bytes for g in baseline), root=root))
 
 
 def test_peak_holders_match_a_moved_unchanged_line_and_tell_changed_ones_as_new_and_gone() -> None:
@@ -117,10 +123,10 @@ def test_peak_holders_match_a_moved_unchanged_line_and_tell_changed_ones_as_new_
     # line 10 moved to 13 and grew (a new group and a gone one: the line alone cannot tell)
     text, sites, kind = _holders([_group("/ck/model.py:13", 128, 4), _group("/ck/model.py:43", 8, op_type=None,
                                                                              kind="tensor")], baseline)
-    assert text == ("; at the peak held more: MatMul outputs at model.py:13 +128.00 MiB (new: 4 allocations, none at "
+    assert text == ("; at the allocated peak held more: MatMul outputs at model.py:13 +128.00 MiB (new: 4 allocations, none at "
                     "the baseline's peak); held less: MatMul output at model.py:10 -32.00 MiB (no longer live at the "
                     "peak)")
-    assert (sites, kind) == ([("model.py:13", 128.0 * MiB)], "output")
+    assert (sites, kind) == ([("/ck/model.py:13", 128.0 * MiB)], "output")  # where: lines get the run's own path
     # Newcomer finding: a new tensor on a new line was told as the old line 5 "grown" (16 -> 128
     # MiB), when line 5's tensor was only no longer live at the new peak
     text, _, _ = _holders([_group("t.py:10", 128, op_type=None, kind="tensor")],
@@ -130,16 +136,16 @@ def test_peak_holders_match_a_moved_unchanged_line_and_tell_changed_ones_as_new_
     # The same site grew: before and after; more than three growths are summed
     text, _, _ = _holders([_group("t.py:1", 64, 2), _group("t.py:2", 4), _group("t.py:3", 3), _group("t.py:4", 2),
                            _group("t.py:5", 1)], [_group("t.py:1", 32)])
-    assert text.startswith("; at the peak held more: MatMul outputs at t.py:1 +32.00 MiB (32.00 MiB -> 64.00 MiB, "
+    assert text.startswith("; at the allocated peak held more: MatMul outputs at t.py:1 +32.00 MiB (32.00 MiB -> 64.00 MiB, "
                            "1 -> 2 allocations); MatMul output at t.py:2 +4.00 MiB")
     assert text.endswith("; 2 more +3.00 MiB")
     # Nothing grew
     text, sites, _ = _holders([_group("t.py:1", 16)], [_group("t.py:1", 32)])
-    assert text == ("; at the peak no call site held more than at the baseline's peak; held less: MatMul output at "
+    assert text == ("; at the allocated peak no call site held more than at the baseline's peak; held less: MatMul output at "
                     "t.py:1 -16.00 MiB (32.00 MiB -> 16.00 MiB, 1 -> 1 allocation)") and sites == []
     # A baseline saved before the holders were kept: the largest holders, and how to compare
     text, sites, _ = _holders([_group("t.py:1", 64), _group("t.py:2", 8)], None)
-    assert text.startswith("; at the peak the most was held by MatMul output at t.py:1: 64.00 MiB; MatMul output at "
+    assert text.startswith("; at the allocated peak the most was held by MatMul output at t.py:1: 64.00 MiB; MatMul output at "
                            "t.py:2: 8.00 MiB (the baseline has no record of what held its peak: save it again")
 
 
@@ -147,16 +153,16 @@ def test_peak_holders_do_not_tell_groups_below_a_cut_baseline_as_new(monkeypatch
     # Review finding: with the baseline cut to its largest groups, unchanged small groups that
     # did not make the cut were told as new growth, crowding out the real one.
     import pytest_oam.compare as compare_module
-    import pytest_oam.diagnosis as diagnosis_module
 
     monkeypatch.setattr(compare_module, "PEAK_LIVE_GROUPS", 3)
-    monkeypatch.setattr(diagnosis_module, "PEAK_LIVE_GROUPS", 3)
     baseline = [_group(f"t.py:{i}", 10 + i) for i in range(6)]  # keeps 15, 14, 13 MiB
     current = [*baseline[:5], _group("t.py:5", 40), _group("t.py:9", 20)]
     text, _, _ = _holders(current, baseline)
-    assert text == ("; at the peak held more: MatMul output at t.py:5 +25.00 MiB (15.00 MiB -> 40.00 MiB, 1 -> 1 "
-                    "allocation); MatMul output at t.py:9 +20.00 MiB (new: 1 allocation, none among its 3 largest at "
-                    "the baseline's peak)")
+    assert text == ("; at the allocated peak held more: MatMul output at t.py:5 +25.00 MiB (15.00 MiB -> 40.00 MiB, 1 -> 1 "
+                    "allocation); MatMul output at t.py:9 +20.00 MiB (new: 1 allocation, none among the groups it kept "
+                    "at the baseline's peak)")
+    # t.py:0-2 (10-12 MiB) are in the current run, not in the cut baseline, and no larger than
+    # its smallest kept group (13 MiB): not told as new
 
 
 @pytest.mark.parametrize("reserved_only", [False, True])
@@ -185,9 +191,85 @@ def test_frag(oam_profile):
     else:
         monkeypatch.setenv("OUT", "40")
         lines = ["*peak reserved memory grew *; what held more at the allocated peak: see memory.allocated_peak:*",
-                 "*where: test_frag.py:7 (40.00 MiB at the peak)",
                  "*where: test_frag.py:8 (40.00 MiB at the peak)",
-                 "*held more: tensor made at test_frag.py:7 +10.00 MiB (30.00 MiB -> 40.00 MiB, 1 -> 1 allocation)*"]
+                 "*where: test_frag.py:7 (40.00 MiB at the peak)",
+                 "*held more: Add output at test_frag.py:8 +10.00 MiB (30.00 MiB -> 40.00 MiB, 1 -> 1 allocation); tensor made at test_frag.py:7 +10.00 MiB (30.00 MiB -> 40.00 MiB, 1 -> 1 allocation)*"]
     result = pytester.runpytest("--oam-baseline", "-o", "oam_thresholds=memory.*=1%")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(lines)
+
+
+def test_peak_holders_read_older_baselines_and_ignore_rounding() -> None:
+    # Review finding: a baseline of the first version kept file names without folders and its
+    # 20 largest groups; the cut was not recognised (only a list of the new cap was) and every
+    # unchanged group outside it read as new growth. A cut is now told by the sizes adding up
+    # to less than the peak, and sites match by file name and line.
+    baseline = [_group(f"/old/t.py:{i}", 30 - i, op_type=None, kind="tensor") for i in range(25)]
+    old_kept = [g.model_copy(update={"source": f"t.py:{i}"}) for i, g in enumerate(baseline[:20])]
+    current = [*baseline[:24], _group("/new/tests/sub/t.py:24", 46, op_type=None, kind="tensor")]
+    text, sites, _ = _peak_holders(PeakMemory(
+        current_live=sorted(current, key=lambda g: -g.size_bytes), baseline_live=old_kept,
+        current_peak_bytes=sum(g.size_bytes for g in current), baseline_peak_bytes=sum(g.size_bytes for g in baseline)))
+    assert text == ("; at the allocated peak held more: tensor made at t.py:24 +46.00 MiB (new: 1 allocation, none "
+                    "among the groups it kept at the baseline's peak)")
+    assert sites == [("/new/tests/sub/t.py:24", 46.0 * MiB)]
+    # 200 groups that add up to the peak are a whole list, not a cut one: growth among them is told
+    many = [_group(f"t.py:{i}", 1) for i in range(200)]
+    text, _, _ = _holders([*many[:199], _group("t.py:199", 3)], many)
+    assert "held more: MatMul output at t.py:199 +2.00 MiB" in text
+    # A difference of the allocator's 512 B rounding alone is not a change
+    rounded = _group("t.py:1", 12).model_copy(update={"size_bytes": 12 * MiB + 512})
+    text, _, _ = _holders([rounded, _group("t.py:2", 4)], [_group("t.py:1", 12)])
+    assert text == ("; at the allocated peak held more: MatMul output at t.py:2 +4.00 MiB (new: 1 allocation, none at "
+                    "the baseline's peak)")
+
+
+def test_peak_holders_add_up_what_meets_under_one_key() -> None:
+    # Two folders' layers.py:2 meet under one key on both sides: compared as one, no growth
+    current = [_group("/p/enc/layers.py:2", 30), _group("/p/dec/layers.py:2", 10), _group("/p/t.py:5", 8)]
+    baseline = [_group("enc/layers.py:2", 30), _group("dec/layers.py:2", 10), _group("t.py:5", 4)]
+    text, _, _ = _holders(current, baseline)
+    assert text == ("; at the allocated peak held more: MatMul output at t.py:5 +4.00 MiB (4.00 MiB -> 8.00 MiB, 1 -> 1 "
+                    "allocation)")
+
+
+def test_a_grown_workspace_gets_its_own_advice() -> None:
+    from pytest_oam.compare import Verdict
+    from pytest_oam.diagnosis import _memory_finding
+
+    verdict = Verdict("memory.allocated_peak", 100.0 * MiB, 124.0 * MiB, 0.24, 0.05, "default", "regressed", unit="bytes")
+    finding = _memory_finding(verdict, memory=PeakMemory(
+        current_live=[_group("/p/t.py:9", 100, op_type="FlashAttention", kind="workspace")],
+        baseline_live=[_group("t.py:9", 76, op_type="FlashAttention", kind="workspace")]))
+    assert "held more: FlashAttention workspace at t.py:9 +24.00 MiB (76.00 MiB -> 100.00 MiB" in finding.advice[0]
+    assert ": an op's workspace (the scratch memory CANN's kernel asks for) is sized by its shapes" in finding.advice[0]
+
+
+def test_peak_sites_are_kept_relative_to_the_rootdir(pytester, monkeypatch) -> None:
+    # Review findings: the where: lines showed the stored, rootdir-relative sites (or bare file
+    # names) instead of paths from where pytest runs; and with the session's rootdir unused, a
+    # test in a subfolder kept its bare file name.
+    pytester.makeini("[pytest]\n")
+    sub = pytester.mkpydir("tests").joinpath("sub")
+    sub.mkdir()
+    sub.joinpath("test_deep.py").write_text("""
+import os
+
+def work(npu):
+    keep = [npu.tensor((1024, 1024)) for _ in range(4)]
+    if os.environ.get("LEAK"):
+        keep.append(npu.tensor((2048, 1024)))
+    npu.add(keep[0], keep[0])
+
+def test_deep(oam_profile):
+    oam_profile.run(work, memory=True)
+""")
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    (baseline,) = (pytester.path / "baselines").iterdir()
+    assert json.loads(baseline.read_text())["runs"][0]["memory_peak_live"][0]["source"] == "tests/sub/test_deep.py:5"
+    monkeypatch.setenv("LEAK", "1")
+    monkeypatch.chdir(sub)
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*where: test_deep.py:7 (4.00 MiB at the peak)",
+                                 "*held more: tensor made at tests/sub/test_deep.py:7 +4.00 MiB (new: 1 allocation*"])

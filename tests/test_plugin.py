@@ -433,10 +433,11 @@ def test_xdist_bad_marker_fails_the_run_naming_the_marker(pytester) -> None:
     pytest.importorskip("xdist")
     pytester.makepyfile(
         test_a="def test_first(): pass\n",
-        test_model=MODEL_TEST.replace("{marker}", "import pytest\n@pytest.mark.oam(treshold=1)"),
+        test_model=MODEL_TEST.replace("{marker}", "import pytest\n@pytest.mark.oam(treshold=1)")
+        + "\ndef test_same_module(): pass\n",
     )
     result = pytester.runpytest_subprocess("-n", "2")
-    result.assert_outcomes(passed=1, errors=1)
+    result.assert_outcomes(passed=2, errors=1)  # the bad test's module neighbour runs too
     result.stdout.fnmatch_lines(["*test_model.py::test_model: @pytest.mark.oam: unknown keyword 'treshold'*"])
     assert "test_model.py::test_model PASSED" not in result.stdout.str()
 
