@@ -368,12 +368,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print(json.dumps({"best": result.best_params, "best_metrics": None if result.best is None else result.best.metrics,
                           "default_metrics": result.default.metrics, "improvement_frac": result.improvement_frac,
                           "unique_evaluations": result.unique_evaluations, "exhaustive": result.exhaustive,
+                          "stopped_early": result.stopped_early, "infeasible": result.infeasible,
                           "closest": [{"params": t.params, "reason": t.reason} for t in result.closest],
                           "saved_to": None if saved is None else str(args.save)},
                          indent=2, default=str))
     else:
-        how = "exhaustive" if result.exhaustive else "TPE"
-        print(f"{result.unique_evaluations} configurations evaluated ({how}); target: {target.metric}"
+        how = "exhaustive" if result.exhaustive else "TPE" if result.sampler == "tpe" else result.sampler
+        if result.stopped_early:
+            how += (f", stopped early: no better configuration in the last {options['patience']} evaluations; "
+                    "early_stopping = false in the job uses all of max_iterations")
+        infeasible = f", {result.infeasible} infeasible" if result.infeasible else ""
+        print(f"{result.unique_evaluations} configurations evaluated ({how}){infeasible}; target: {target.metric}"
               + (f" of {target.operator}" if target.operator else "") + (f", {target.constraint}" if target.constraint else ""))
         print(result_table(result, args.top, "github" if args.format == "markdown" else "simple"))
         if result.best is None:

@@ -224,6 +224,8 @@ def evaluate_gate(
     path = inputs.baseline_path
     compared_nothing = any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiles)
     gate_failed = gate_fails(status, compared_nothing, inputs.strict, inputs.fail_on_improvement)
+    # --oam-strict: a marker limit that applies to nothing (a typo) fails the gate (newcomer)
+    gate_failed = gate_failed or bool(unmatched and inputs.strict and inputs.gating)
     failed = gate_failed or bool(fatal)
     report = GateReport(nodeid=inputs.nodeid, status=status, failed=failed, baseline_path=path,
                         message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,

@@ -968,6 +968,14 @@ class OamSession:
                           "(renamed, moved or deleted? --oam-save-baseline --oam-prune deletes them):", yellow=True)
             for line in self.unused_baselines:
                 tr.write_line(f"    {line}", yellow=True)
+        folder = self.settings.baseline_dir
+        if (folder is not None and self.settings.save_dir is None and not folder.is_dir()
+                and any(t.status == "no-baseline" for t in tests)):
+            # Newcomer finding: run from another folder, a project without an ini file looks for
+            # ./baselines there; every test was a quiet no-baseline
+            tr.write_line(f"oam: no baseline folder {folder} (relative to the ini file or, without one, the rootdir "
+                          f"{self.config.rootpath}): no test was compared; --oam-save-baseline creates it, and an ini "
+                          "file (pytest.ini) in the project fixes where it is", yellow=True)
         for path in self.settings.report_paths:
             if path not in self.report_errors:
                 tr.write_line(f"oam: wrote report {self._display(path)}")

@@ -218,6 +218,12 @@ class TuneResult:
     hardware: str = "ascend910"
     sampler: str = "tpe"
     seed: int = 0
+    stopped_early: bool = False  # early stopping ended the search before max_iterations
+
+    @property
+    def infeasible(self) -> int:
+        """How many of the evaluated configurations could not run or missed the constraint."""
+        return sum(not t.feasible for t in self.trials)
 
     @property
     def best_params(self) -> dict[str, Any] | None:
@@ -254,6 +260,12 @@ class TuneResult:
         return record
 
 
+#: Exceptions of a workload that are bugs in its code, not configurations that cannot run: they
+#: stop a search (any other exception, e.g. ValueError or RuntimeError("unsupported ..."), makes
+#: an infeasible trial).
+WORKLOAD_BUGS = (NameError, AttributeError, TypeError, ImportError, SyntaxError)
+
+
 def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_kwargs: dict,
              track_memory: bool = False) -> Trial:
     """Run one configuration. ``params`` and ``run_kwargs`` go to ``simulator.run`` (which
@@ -267,7 +279,12 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
         profile = simulator.run(workload, memory=needs_memory, **run_kwargs, **params)
     except (ValueError, OutOfMemoryError) as exc:  # ShapeError is a ValueError
         return Trial(params, {}, False, f"cannot run: {exc}", math.inf)
-    except Exception as exc:  # noqa: BLE001 - a configuration that breaks the workload is a result
+    except WORKLOAD_BUGS as exc:
+        # A typo in one branch of the workload is a bug, not a configuration that cannot run:
+        # marked infeasible, it let a search report a wrong optimum (newcomer finding)
+        raise TuneError(f"the workload raised {type(exc).__name__} with {params}: {exc} (a bug in the workload, "
+                        "not a configuration that cannot run)") from exc
+    except Exception as exc:  # noqa: BLE001 - RuntimeError("unsupported ..."), as torch raises: a result
         return Trial(params, {}, False, f"the workload raised {type(exc).__name__}: {exc}", math.inf)
     if profile.is_empty:
         return Trial(params, {}, False, "the workload ran no op", math.inf)
@@ -424,7 +441,9 @@ def auto_tune(
     Raises:
         TuneError: an empty space, a parameter the workload does not accept, an allocator
             setting that does not parse, a bad ``max_iterations``, ``patience``, ``sampler``
-            or sampler option, all before any evaluation.
+            or sampler option, all before any evaluation; during the search, a workload that
+            raises one of :data:`WORKLOAD_BUGS` (any other exception marks the configuration
+            infeasible).
         ImportError: Optuna is not installed and the space must be searched.
     """
     from simulator.hardware import list_hardware
@@ -487,14 +506,15 @@ def auto_tune(
 
     exhaustive = param_space.size <= max_iterations
     best: Trial | None = None
+    stopped_early = False
     if exhaustive:
         for params in param_space.grid():
             trial = evaluate(params)
             if better(best, trial):
                 best = trial
     else:
-        best = _search(param_space, evaluate, better, sign, target, max_iterations, early_stopping, patience, seed,
-                       storage, study_name, cache, sampler, sampler_options)
+        best, stopped_early = _search(param_space, evaluate, better, sign, target, max_iterations, early_stopping,
+                                      patience, seed, storage, study_name, cache, sampler, sampler_options)
     if best is not None and default.feasible and _ties(best, default, target.metric):
         # within floating-point noise of the default: prefer the default's own configuration
         # (the workload's defaults for the space's parameters) when it was evaluated
@@ -503,7 +523,7 @@ def auto_tune(
             best = same
     closest = [] if best is not None else sorted(order, key=lambda t: t.violation)[:3]
     return TuneResult(target, best, default, list(order), len(order), exhaustive, closest, hardware,
-                      "exhaustive" if exhaustive else sampler, seed)
+                      "exhaustive" if exhaustive else sampler, seed, stopped_early)
 
 
 def _default_params(workload: Callable, space: ParameterSpace) -> dict[str, Any]:
@@ -561,7 +581,7 @@ def _check_sampler(sampler: str, options: dict[str, Any] | None) -> dict[str, An
 
 
 def _search(space, evaluate, better, sign, target, max_iterations, early_stopping, patience, seed, storage,
-            study_name, cache, sampler_name="tpe", sampler_options=None) -> Trial | None:
+            study_name, cache, sampler_name="tpe", sampler_options=None) -> tuple[Trial | None, bool]:
     try:
         import optuna
     except ImportError:
@@ -641,8 +661,8 @@ def _search(space, evaluate, better, sign, target, max_iterations, early_stoppin
         else:
             since_best += 1
         if early_stopping and best is not None and since_best >= patience:
-            break
-    return best
+            return best, True
+    return best, False
 
 
 # -- tuning jobs from a file (oam tune) -------------------------------------------------------------

@@ -190,3 +190,26 @@ def test_a_fall_in_overlap_is_a_counter_that_moved() -> None:
     # pipeline_stages=1: no buffer in flight, so nothing is prefetched while the units work
     assert overlap.baseline > 0.9 and overlap.current == 0.0
     assert any(tip.startswith("DMA/compute overlap fell 100% -> 0%") for tip in finding.advice)
+
+
+def _mlp(npu, tokens=2048, hidden=1024):
+    x = npu.tensor((tokens, hidden))
+    h = npu.rms_norm(x, npu.tensor((hidden,)))
+    y = npu.silu(npu.matmul(h, npu.tensor((hidden, 4 * hidden))))
+    npu.add(npu.matmul(y, npu.tensor((4 * hidden, hidden))), x)
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_a_change_of_exactly_the_limit_passes_whatever_the_rounding(steps) -> None:
+    # Newcomer finding: MatMul x1.10 under its 10% limit was REGRESSED ("mean over steps") over
+    # 3 steps, whose summed times round up, and passed over 1 step
+    base = simulator.run(_mlp, steps=steps)
+    resolver = LimitResolver.build()
+    at_limit = simulator.run(_mlp, steps=steps, op_time_scale={"MatMul": 1.10})
+    (matmul,) = [v for v in compare_run(0, summarize(base), summarize(at_limit), resolver).verdicts
+                 if v.op_type == "MatMul"]
+    assert matmul.status == "pass" and matmul.limit_frac == 0.10
+    past = simulator.run(_mlp, steps=steps, op_time_scale={"MatMul": 1.1001})
+    (matmul,) = [v for v in compare_run(0, summarize(base), summarize(past), resolver).verdicts
+                 if v.op_type == "MatMul"]
+    assert matmul.status == "regressed"

@@ -539,6 +539,12 @@ def test_threshold_matching_no_op_type_is_reported(pytester) -> None:
         "oam: not-gated test_model.py::test_model: @pytest.mark.oam thresholds match no op type of this test: Matmul*",
         "oam: thresholds match no op type of this run: matmul (op types are case-sensitive: FlashAttention, MatMul, step)",
     ])
+    # Newcomer finding: a marker limit with a typo tightens nothing, and --oam-strict passed it
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    pytester.runpytest("--oam-baseline").assert_outcomes(passed=1)
+    result = pytester.runpytest("--oam-baseline", "--oam-strict")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.oam thresholds match no op type of this test: Matmul*"])
 
 
 def test_test_that_stops_profiling_is_missing_ops(pytester, monkeypatch) -> None:
@@ -718,3 +724,15 @@ def test_pytest_help_shows_the_options(pytester) -> None:
     result = pytester.runpytest("--help")
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*--oam-threshold=OP=LIMIT*", "*MatMul=5%*", "*--oam-tuned-limit=OP=LIMIT*"])
+
+
+def test_gating_without_the_baseline_folder_says_so(pytester) -> None:
+    # Newcomer finding: without an ini file, running from a subfolder looked for baselines there
+    # and every test was a quiet no-baseline
+    make_test(pytester)
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([(f"oam: no baseline folder {pytester.path / 'baselines'} (relative to the ini file "
+                                  f"or, without one, the rootdir {pytester.path}): no test was compared*")])
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    assert "no baseline folder" not in pytester.runpytest("--oam-baseline").stdout.str()

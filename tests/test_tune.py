@@ -154,6 +154,22 @@ def test_a_configuration_that_breaks_the_workload_is_an_infeasible_trial() -> No
     assert result.best is not None
 
 
+def test_a_bug_in_the_workload_stops_the_search_naming_the_configuration() -> None:
+    # Newcomer finding: a typo in one branch (npu.tensro) made that branch's configurations
+    # infeasible, and oam tune reported a wrong optimum with exit code 0
+    def buggy(npu, width=1):
+        npu.set_tokens_per_step(128)
+        a = npu.tensor((128 * width, 128))
+        if width == 3:
+            a = npu.tensro((128 * width, 128))
+        npu.matmul(a, npu.tensor((128, 128)))
+
+    space = ParameterSpace().add_discrete("width", [1, 2, 3])
+    with pytest.raises(TuneError, match=r"the workload raised AttributeError with \{'width': 3\}: .*tensro.* \(a bug "
+                                        r"in the workload"):
+        auto_tune(target=OptimizationTarget(operator="MatMul"), param_space=space, workload=buggy)
+
+
 WORKLOAD_MODULE = '''
 def attention(npu, block_size=128, pipeline_stages=2, enable_fusion=True, seq_len=4096):
     npu.set_tokens_per_step(seq_len)
@@ -193,6 +209,31 @@ def test_oam_tune_runs_a_job_file(tmp_path, capsys) -> None:
     (tmp_path / "job.json").write_text(json.dumps(job))
     assert main(["tune", str(tmp_path / "job.json"), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["unique_evaluations"] == 6
+
+
+def test_oam_tune_says_when_early_stopping_ended_the_search(tmp_path, capsys) -> None:
+    # Newcomer finding: early stopping is on by default and cut max_iterations = 100 to 37
+    # evaluations without a word; infeasible configurations were not counted either
+    from pytest_oam.cli import main
+
+    (tmp_path / "attn_job.py").write_text(WORKLOAD_MODULE)
+    (tmp_path / "job.toml").write_text(TOML_JOB.replace("max_iterations = 50", "max_iterations = 100\npatience = 5")
+                                       .replace("block_size = [128, 256, 512, 1024]", "block_size = {int = [16, 1024, 16]}"))
+    assert main(["tune", str(tmp_path / "job.toml")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "(TPE, stopped early: no better configuration in the last 5 evaluations; early_stopping = false in the " \
+           "job uses all of max_iterations), " in first and " infeasible; target: throughput_tokens_per_s" in first
+    result = auto_tune(target=OptimizationTarget(operator="FlashAttention"), param_space=ParameterSpace()
+                       .add_int("block_size", 16, 1024, 16).add_int("pipeline_stages", 1, 8), workload=_attention,
+                       max_iterations=60, early_stopping=False)
+    assert (result.stopped_early, result.unique_evaluations) == (False, 60)
+    assert result.infeasible == sum(not t.feasible for t in result.trials) > 0
+
+
+def _attention(npu, block_size=128, pipeline_stages=2):
+    npu.set_tokens_per_step(2048)
+    q = npu.tensor((1, 32, 2048, 128))
+    npu.flash_attention(q, q, q, block_size=block_size, pipeline_stages=pipeline_stages)
 
 
 @pytest.mark.parametrize(
