@@ -312,12 +312,22 @@ def _record(result: TuneResult, best_call, default_call, workload: str | None) -
     import simulator
 
     target = result.target
+    # What no evaluated configuration changed, and is not a tuned parameter, is a property of
+    # the call (causal), not a knob. Best and default alone were not enough: a parameter whose
+    # name is not the op attribute's (enable_fusion -> fusion) with the same value in both was
+    # kept as fixed, and the tuned check then skipped a test that ran the other value, however
+    # slow (newcomer finding).
+    seen: dict[str, set] = {}
+    for trial in (result.default, *result.trials):
+        for c in trial.op_calls:
+            if _shape_key(c.shapes) == _shape_key(best_call.shapes) and c.dtype == best_call.dtype:
+                for k, v in c.attrs:
+                    seen.setdefault(k, set()).add(repr(v))
     return TunedRecord(
         operator=target.operator, shapes=[list(s) for s in best_call.shapes], dtype=best_call.dtype,
-        # what the tuning did not change, and is not a tuned parameter, is a property of the
-        # call (causal), not a knob
         attrs={k: v for k, v in best_call.attrs
-               if k not in result.best.params and dict(default_call.attrs).get(k, object()) == v},
+               if k not in result.best.params and dict(default_call.attrs).get(k, object()) == v
+               and seen.get(k, set()) == {repr(v)}},
         hardware=result.hardware, simulator_version=simulator.SIMULATOR_VERSION, metric=target.metric,
         constraint=target.constraint, config=dict(sorted(result.best.params.items())),
         default=ConfigMetrics(latency_s=default_call.latency_s, metrics=dict(result.default.metrics)),

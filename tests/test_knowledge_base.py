@@ -356,3 +356,22 @@ def test_a_record_is_used_only_for_calls_with_its_attributes(tmp_path, result) -
     kb = KnowledgeBase.load(path)
     assert kb.lookup("FlashAttention", shapes=SHAPES, attrs={"causal": False}) is None
     assert kb.lookup("FlashAttention", shapes=SHAPES, attrs={"causal": True, "block_size": 64}) == record.config
+
+
+def test_a_tuned_attribute_under_another_parameter_name_is_not_a_fixed_one(tmp_path) -> None:
+    # Newcomer finding: the README's workload tunes enable_fusion, which the op records as
+    # fusion; with fusion on in both the default and the best, the record kept fusion=True as a
+    # fixed attribute, and the tuned check skipped (passed) a test run with fusion off, 76% slower.
+    def readme_attention(npu, block_size=128, enable_fusion=True):
+        npu.set_tokens_per_step(SEQ)
+        q = npu.tensor((1, 32, SEQ, 128))
+        npu.flash_attention(q, q, q, block_size=block_size, fusion=enable_fusion, causal=True)
+
+    space = ParameterSpace().add_discrete("block_size", [128, 256]).add_boolean("enable_fusion")
+    tuned = auto_tune(target=TARGET, param_space=space, workload=readme_attention)
+    assert tuned.best_params["enable_fusion"] is True
+    record = tuned.save_to(tmp_path / "kb.json")
+    assert record.attrs == {"causal": True, "pipeline_stages": 2}  # fusion was tuned: not a fixed attribute
+    with pytest.raises(TunedGateFailure, match="FlashAttention.*slower than"):
+        assert_near_tuned(simulator.run(readme_attention, enable_fusion=False), "FlashAttention", tmp_path / "kb.json",
+                          limit="5%")
