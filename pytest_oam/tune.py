@@ -642,7 +642,14 @@ def _search(space, evaluate, better, sign, target, max_iterations, early_stoppin
     while len(cache) < max_iterations and asked < 20 * max_iterations:
         asked += 1
         trial = study.ask()
-        params = space.suggest(trial)
+        try:
+            params = space.suggest(trial)
+        except ValueError as exc:
+            if storage is None:
+                raise
+            # Optuna's own error (e.g. "'208' not in (64, 128)") named neither (newcomer finding)
+            raise TuneError(f"study {study.study_name!r} in {storage} was made with another parameter space "
+                            f"({exc}); give this space a new study_name") from None
         new = len(cache)
         result = evaluate(params)
         fresh = len(cache) > new

@@ -467,3 +467,18 @@ def test_a_tie_with_the_default_keeps_the_default() -> None:
     result = auto_tune(target=OptimizationTarget(operator="MatMul", metric="latency_ms"), param_space=space,
                        workload=matmul, max_iterations=10)
     assert result.exhaustive and result.best_params == {"label": 1} and result.improvement_frac == 0
+
+
+def test_a_shared_study_made_with_another_space_is_named(tmp_path) -> None:
+    # Newcomer finding: reusing a study name with another space ended in Optuna's own
+    # "ValueError: '208' not in (64, 128)", naming neither the study nor what to do
+    storage = f"sqlite:///{tmp_path / 'tune.db'}"
+    target = OptimizationTarget(operator="FlashAttention")
+    wide = ParameterSpace().add_int("block_size", 16, 1024, 16).add_int("pipeline_stages", 1, 8)
+    auto_tune(target=target, param_space=wide, workload=_attention, max_iterations=12, storage=storage,
+              study_name="s1", early_stopping=False)
+    narrow = ParameterSpace().add_discrete("block_size", [64, 128]).add_int("pipeline_stages", 1, 8)
+    with pytest.raises(TuneError, match=r"study 's1' in sqlite:///.*tune.db was made with another parameter space "
+                                        r"\(.*\); give this space a new study_name"):
+        auto_tune(target=target, param_space=narrow, workload=_attention, max_iterations=12, storage=storage,
+                  study_name="s1", early_stopping=False)
