@@ -157,6 +157,12 @@ def oam_profile(request: pytest.FixtureRequest):
 
     Each call runs ``workload(npu, *args, **kwargs)`` on the simulator and returns its
     :class:`simulator.Profile`; the profiles are kept in order and gated against the test's
-    baseline when ``--oam-baseline`` is given.
+    baseline when ``--oam-baseline`` is given. Op callbacks the test registers
+    (``simulator.register_op_callback``) and leaves registered are removed when it ends: one
+    left behind ran in every later test (and made their runs online).
     """
-    return request.config.stash[OAM_SESSION_KEY].profiler_for(request.node)
+    from simulator import callbacks
+
+    before = callbacks.registered()
+    yield request.config.stash[OAM_SESSION_KEY].profiler_for(request.node)
+    callbacks.remove_all_but(before)

@@ -73,6 +73,19 @@ def register_op_callback(op_name_or_type: str, fn: Callable[[OpRecord], object])
     return OpCallbackHandle(entry)
 
 
+def registered() -> tuple[tuple[str, Callable], ...]:
+    """The registrations in force, oldest first (for :func:`remove_all_but`)."""
+    with _lock:
+        return tuple(_callbacks)
+
+
+def remove_all_but(keep: tuple[tuple[str, Callable], ...]) -> None:
+    """Remove every registration not in ``keep`` (what :func:`registered` returned earlier):
+    the pytest plugin drops what a test registered and left behind."""
+    with _lock:
+        _callbacks[:] = [entry for entry in _callbacks if any(entry is k for k in keep)]
+
+
 def has_callbacks() -> bool:
     """Is any callback registered?"""
     return bool(_callbacks)

@@ -736,3 +736,24 @@ def test_gating_without_the_baseline_folder_says_so(pytester) -> None:
                                   f"or, without one, the rootdir {pytester.path}): no test was compared*")])
     pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
     assert "no baseline folder" not in pytester.runpytest("--oam-baseline").stdout.str()
+
+
+def test_op_callbacks_a_test_leaves_registered_end_with_it(pytester) -> None:
+    # Newcomer finding: a callback registered in one test ran in every later one (a raising
+    # callback failed an unrelated test, and later runs went online)
+    pytester.makepyfile(test_cb="""
+import simulator
+
+def mm(npu):
+    npu.matmul(npu.tensor((256, 256)), npu.tensor((256, 256)))
+
+KEPT = simulator.register_op_callback("*", lambda record: None)  # module level: stays
+
+def test_leaves_a_callback(oam_profile):
+    simulator.register_op_callback("MatMul", lambda record: 1 / 0)
+
+def test_after(oam_profile):
+    oam_profile.run(mm)
+    assert simulator.callbacks.registered() == (KEPT._entry,)
+""")
+    pytester.runpytest().assert_outcomes(passed=2)
