@@ -303,7 +303,17 @@ class ProfileBaseline:
                    max_seq_len=max_seq_len, seq_len=seq_len, params=dict(params or {}))
 
     def collect(self) -> Profile:
-        """Simulate the model and keep its profile and statistics."""
+        """Simulate the model and keep its profile and statistics.
+
+        Raises:
+            ValueError: the baseline was saved by the pytest plugin for a test (its model is the
+                test's id): only baselines of the Python API or ``oam baseline`` can be collected
+                again.
+        """
+        if self.file is not None and not self.file.nodeid.startswith("api:"):
+            raise ValueError(f"this baseline was saved by the pytest plugin for {self.file.nodeid}: run that test "
+                             "to collect it again (only baselines made by ProfileBaseline or oam baseline know "
+                             "their model)")
         self.profile = collect_profile(self.model, self.dataset, hardware=self.hardware, steps=self.steps,
                                        seed=self.seed, max_seq_len=self.max_seq_len, seq_len=self.seq_len,
                                        **self.params)
@@ -627,6 +637,11 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
             return import_chrome_trace(path)
         except ImportError_ as exc:
             raise ProfileFileError(str(exc)) from None
+    if isinstance(data, dict) and data.get("kind") == "pytest-oam-record":
+        # a record of a test (--oam-record), not a baseline (newcomer finding: it was called a
+        # compressed baseline)
+        raise ProfileFileError(f"{path}: is a record of {data.get('nodeid', 'a test')} (pytest --oam-record); "
+                               f"replay it with: oam replay {path}")
     if isinstance(data, dict) and "runs" in data:
         if compressed:
             raise ProfileFileError(f"{path}: is a compressed baseline file; baselines are plain JSON")

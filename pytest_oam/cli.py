@@ -235,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _refuse_overwrite(path: Path, force: bool) -> None:
+    if path.is_dir():  # even with --force: "[Errno 21] Is a directory" named a temporary file (newcomer)
+        raise ValueError(f"-o {path}: is a folder; give a file name")
     if path.exists() and not force:
         raise ValueError(f"{path} exists; pass --force to overwrite it")
 

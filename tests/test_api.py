@@ -257,3 +257,26 @@ def test_per_op_thresholds() -> None:
     slow = oam.collect_profile("llama-7b", steps=1, block_size=64)
     loose = oam.compare_profiles(base, slow, thresholds={"FlashAttention*": "50%"})
     assert loose.status == "pass" and loose.limits["FlashAttention*"] == 0.5
+
+
+def test_a_record_file_is_named_as_one_and_a_plugin_baseline_is_not_collected_again(pytester) -> None:
+    # Newcomer findings: oam compare called a record "a compressed baseline file", and
+    # ProfileBaseline.load(<a plugin baseline>).collect() said "unknown model 'test_x.py::test_y'"
+    from pytest_oam.api import ProfileBaseline, ProfileFileError, load_any
+
+    pytester.makepyfile(test_rec="""
+def mm(npu):
+    npu.matmul(npu.tensor((256, 256)), npu.tensor((256, 256)))
+
+def test_mm(oam_profile):
+    oam_profile.run(mm)
+""")
+    pytester.runpytest("--oam-save-baseline", "--oam-record=all").assert_outcomes(passed=1)
+    (record,) = (pytester.path / ".oam" / "records").iterdir()
+    with pytest.raises(ProfileFileError, match=r"is a record of test_rec.py::test_mm \(pytest --oam-record\); replay "
+                                               r"it with: oam replay "):
+        load_any(record)
+    (baseline,) = (pytester.path / "baselines").iterdir()
+    with pytest.raises(ValueError, match="this baseline was saved by the pytest plugin for test_rec.py::test_mm: run "
+                                         "that test to collect it again"):
+        ProfileBaseline.load(baseline).collect()

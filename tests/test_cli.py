@@ -63,6 +63,10 @@ def test_existing_files_are_kept_unless_forced(tmp_path, capsys) -> None:
     assert code == 2 and "exists; pass --force" in err and target.read_text() == "precious"
     code, _, _ = oam_cmd(capsys, "baseline", "create", *FAST, "-o", target, "--force")
     assert code == 0 and json.loads(target.read_text())["nodeid"] == "api:llama-7b"
+    # Newcomer finding: a folder as -o, even with --force, gave "[Errno 21] Is a directory" on a
+    # temporary file's name
+    code, _, err = oam_cmd(capsys, "collect", *FAST, "-o", tmp_path, "--force")
+    assert code == 2 and f"-o {tmp_path}: is a folder; give a file name" in err
 
 
 def test_plugin_baselines_can_be_shown_and_compared(capsys) -> None:
