@@ -67,6 +67,14 @@ class GateInputs:
         return data
 
 
+def _flop_per_step(profile: Profile) -> dict[str, float]:
+    """FLOP per step by op type (what a baseline's ``ops[...].flop`` holds), to pair runs."""
+    out: dict[str, float] = {}
+    for op in [*profile.ops, *profile.op_summaries]:
+        out[op.op_type] = out.get(op.op_type, 0.0) + op.flop / profile.steps
+    return out
+
+
 def display_site(site: str, invocation_dir: str | None) -> str:
     """A ``file:line`` call site (or ``file:line (in file:line)``, an op a library builder
     issued for the user's call) with each file relative to ``invocation_dir`` when inside it."""
@@ -139,7 +147,8 @@ def evaluate_gate(
     runs, verdicts, findings, statuses, parts, notes, summaries = [], [], [], [], [], [], []
     diagnosis: list[DiagnosisReport] = []
     op_types: set[str] = {STEP_ROW}
-    matched = match_runs(baseline.runs if baseline is not None else [], [p.workload_fingerprint for p in profiles])
+    matched = match_runs(baseline.runs if baseline is not None else [], [p.workload_fingerprint for p in profiles],
+                         [_flop_per_step(p) for p in profiles])
     for i, profile in enumerate(profiles):
         base_run = baseline.runs[matched[i]] if matched[i] is not None else None
         status, reasons, base_step, top_ops = "not-gated", [], None, []

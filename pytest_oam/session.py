@@ -9,6 +9,7 @@ JSON report at the end. Only the controller writes files.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -357,9 +358,15 @@ def marker_settings(item: pytest.Item) -> MarkerSettings:
     return MarkerSettings(thresholds, hardware, devices, tuned)
 
 
-def match_runs(baseline_runs: list, fingerprints: list[str]) -> list[int | None]:
-    """Pair each current run with a baseline run: same workload fingerprint first (in order),
-    then the remaining runs by position. Returns, per current run, a baseline index or None."""
+def match_runs(baseline_runs: list, fingerprints: list[str],
+               work: list[dict[str, float]] | None = None) -> list[int | None]:
+    """Pair each current run with a baseline run: same workload fingerprint first (in order);
+    then each remaining run with the remaining baseline run whose work is closest (``work``: per
+    current run, FLOP per step by op type; the baseline's ``ops[...].flop``), in order, or by
+    position without ``work``. Work, not time: the run that does the same work is the one to
+    compare with, and pairing by time would pair a slowed run with a slower one (newcomer
+    finding: a changed run was compared with the first spare baseline run, a 4x larger
+    workload, and a 3x slowdown passed). Returns, per current run, a baseline index or None."""
     used: set[int] = set()
     matched: list[int | None] = [None] * len(fingerprints)
     for i, fp in enumerate(fingerprints):
@@ -371,8 +378,18 @@ def match_runs(baseline_runs: list, fingerprints: list[str]) -> list[int | None]
     spare = [j for j in range(len(baseline_runs)) if j not in used]
     for i in range(len(fingerprints)):
         if matched[i] is None and spare:
+            if work is not None:
+                spare.sort(key=lambda j: (_work_distance(work[i], baseline_runs[j].ops), j))
             matched[i] = spare.pop(0)
     return matched
+
+
+def _work_distance(current: dict[str, float], baseline_ops: dict) -> float:
+    """How unlike two runs' work is: the sum over op types of |log| of the ratio of their FLOP
+    per step (+1 FLOP, so that an op type one run lacks counts by its size)."""
+    return sum(abs(math.log((current.get(op, 0.0) + 1.0) / ((baseline_ops[op].flop if op in baseline_ops else 0.0)
+                                                             + 1.0)))
+               for op in set(current) | set(baseline_ops))
 
 
 def _arguments_repr(args: tuple, kwargs: dict[str, Any], limit: int = 2000) -> str:

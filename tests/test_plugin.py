@@ -757,3 +757,27 @@ def test_after(oam_profile):
     assert simulator.callbacks.registered() == (KEPT._entry,)
 """)
     pytester.runpytest().assert_outcomes(passed=2)
+
+
+def test_a_changed_run_is_paired_with_the_baseline_run_of_the_closest_work(pytester, monkeypatch) -> None:
+    # Newcomer finding: the test dropped its first run and changed the second's shapes (and
+    # made it 3x slower); the changed run was compared with the first spare baseline run, a 4x
+    # larger MatMul, and passed
+    pytester.makepyfile(test_runs="""
+import os
+
+def mm(npu, n, k=None):
+    npu.matmul(npu.tensor((n, k or n)), npu.tensor((k or n, n)))
+
+def test_runs(oam_profile):
+    if os.environ.get("V") == "drop":
+        oam_profile.run(mm, 1024, 1040, op_time_scale={"MatMul": 3.0})
+    else:
+        oam_profile.run(mm, 4096)
+        oam_profile.run(mm, 1024)
+""")
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    monkeypatch.setenv("V", "drop")
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*MatMul*REGRESSED*"])
