@@ -137,10 +137,14 @@ def _neighbours(m: Measurement, attrs: dict) -> list[Measurement]:
     return out
 
 
-def _explain(headline: str, focus: Measurement, others: list[Measurement], label: str = "neighbour") -> str:
+def _explain(headline: str, focus: Measurement, others: list[Measurement], label: str = "neighbour",
+             findings: list[str] | None = None) -> str:
+    """The failure text: the shape given (``focus``), the others measured, and the shape rules'
+    findings (``focus``'s unless given)."""
     lines = [headline, f"  shape:      {focus.describe()}"]
     lines += [f"  {label + ':':<11} {n.describe()}" for n in others]
-    lines += [f"  finding:    {f}" for f in focus.findings] or ["  finding:    none of the shape rules fired"]
+    found = focus.findings if findings is None else findings
+    lines += [f"  finding:    {f}" for f in found] or ["  finding:    none of the shape rules fired"]
     return "\n".join(lines)
 
 
@@ -189,7 +193,8 @@ def assert_no_cliff(op_type: str, shape, *, axis: str | None = None, step: int =
             raise PropertyFailure(_explain(
                 f"cliff along {name}: {name} {base.shape[name]} -> {base.shape[name] + step} adds "
                 f"{(bigger.flop / base.flop - 1) * 100:.1f}% FLOP but {(bigger.time_s / base.time_s - 1) * 100:.1f}% "
-                f"time (limit {slack_frac * 100:.0f}% more than FLOP)", bigger, [base]))
+                f"time (limit {slack_frac * 100:.0f}% more than FLOP)", base, [bigger], label="grown",
+                findings=bigger.findings))  # the shape given first (newcomer: it was labelled the neighbour)
 
 
 def assert_near_best(op_type: str, shape, *, within_frac: float = 0.20, align: int = 128, dtype: str = "fp16",
