@@ -359,13 +359,13 @@ def marker_settings(item: pytest.Item) -> MarkerSettings:
 
 
 def match_runs(baseline_runs: list, fingerprints: list[str],
-               work: list[dict[str, float]] | None = None) -> list[int | None]:
+               work: list[dict[str, tuple[float, float]]] | None = None) -> list[int | None]:
     """Pair each current run with a baseline run: same workload fingerprint first (in order);
     then each remaining run with the remaining baseline run whose work is closest (``work``: per
-    current run, FLOP per step by op type; the baseline's ``ops[...].flop``), in order, or by
-    position without ``work``. Work, not time: the run that does the same work is the one to
-    compare with, and pairing by time would pair a slowed run with a slower one (newcomer
-    finding: a changed run was compared with the first spare baseline run, a 4x larger
+    current run, (FLOP, HBM bytes) per step by op type, as the baseline's ``ops`` hold them), in
+    order, or by position without ``work``. Work, not time: the run that does the same work is
+    the one to compare with, and pairing by time would pair a slowed run with a slower one
+    (newcomer finding: a changed run was compared with the first spare baseline run, a 4x larger
     workload, and a 3x slowdown passed). Returns, per current run, a baseline index or None."""
     used: set[int] = set()
     matched: list[int | None] = [None] * len(fingerprints)
@@ -384,12 +384,17 @@ def match_runs(baseline_runs: list, fingerprints: list[str],
     return matched
 
 
-def _work_distance(current: dict[str, float], baseline_ops: dict) -> float:
-    """How unlike two runs' work is: the sum over op types of |log| of the ratio of their FLOP
-    per step (+1 FLOP, so that an op type one run lacks counts by its size)."""
-    return sum(abs(math.log((current.get(op, 0.0) + 1.0) / ((baseline_ops[op].flop if op in baseline_ops else 0.0)
-                                                             + 1.0)))
-               for op in set(current) | set(baseline_ops))
+def _work_distance(current: dict[str, tuple[float, float]], baseline_ops: dict) -> float:
+    """How unlike two runs' work is: the sum over op types of |log| of the ratios of their FLOP
+    and of their HBM bytes per step (+1, so that an op type one run lacks counts by its size;
+    bytes tell apart the ops that do no FLOP: copies, collectives)."""
+    total = 0.0
+    for op in set(current) | set(baseline_ops):
+        flop, hbm = current.get(op, (0.0, 0.0))
+        base = baseline_ops.get(op)
+        total += abs(math.log((flop + 1.0) / ((base.flop if base else 0.0) + 1.0)))
+        total += abs(math.log((hbm + 1.0) / ((base.hbm_bytes if base else 0.0) + 1.0)))
+    return total
 
 
 def _arguments_repr(args: tuple, kwargs: dict[str, Any], limit: int = 2000) -> str:
@@ -990,9 +995,11 @@ class OamSession:
                 and any(t.status == "no-baseline" for t in tests)):
             # Newcomer finding: run from another folder, a project without an ini file looks for
             # ./baselines there; every test was a quiet no-baseline
-            tr.write_line(f"oam: no baseline folder {folder} (relative to the ini file or, without one, the rootdir "
-                          f"{self.config.rootpath}): no test was compared; --oam-save-baseline creates it, and an ini "
-                          "file (pytest.ini) in the project fixes where it is", yellow=True)
+            where = (f"relative to the ini file {self.config.inipath}" if self.config.inipath else
+                     f"without an ini file, relative to the rootdir {self.config.rootpath}, which depends on where "
+                     "pytest runs: a pytest.ini in the project fixes it")
+            tr.write_line(f"oam: no baseline folder {folder} ({where}): no test was compared; --oam-save-baseline "
+                          "creates it", yellow=True)
         for path in self.settings.report_paths:
             if path not in self.report_errors:
                 tr.write_line(f"oam: wrote report {self._display(path)}")

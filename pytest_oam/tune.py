@@ -267,10 +267,15 @@ WORKLOAD_BUGS = (NameError, AttributeError, TypeError, ImportError, SyntaxError)
 
 
 def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_kwargs: dict,
-             track_memory: bool = False) -> Trial:
+             track_memory: bool = False, bugs_stop: bool = True) -> Trial:
     """Run one configuration. ``params`` and ``run_kwargs`` go to ``simulator.run`` (which
     hands the workload what is not its own, and takes ``allocator`` itself); ``track_memory``
-    models device memory even when no memory metric is needed."""
+    models device memory even when no memory metric is needed.
+
+    Raises:
+        TuneError: the workload raised one of :data:`WORKLOAD_BUGS` (with ``bugs_stop``; without
+            it, an infeasible trial as for any other exception).
+    """
     import simulator
     from simulator.allocator import OutOfMemoryError
 
@@ -280,6 +285,8 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
     except (ValueError, OutOfMemoryError) as exc:  # ShapeError is a ValueError
         return Trial(params, {}, False, f"cannot run: {exc}", math.inf)
     except WORKLOAD_BUGS as exc:
+        if not bugs_stop:
+            return Trial(params, {}, False, f"the workload raised {type(exc).__name__}: {exc}", math.inf)
         # A typo in one branch of the workload is a bug, not a configuration that cannot run:
         # marked infeasible, it let a search report a wrong optimum (newcomer finding)
         raise TuneError(f"the workload raised {type(exc).__name__} with {params}: {exc} (a bug in the workload, "
@@ -488,7 +495,9 @@ def auto_tune(
     # a run without it would skip the allocator's stalls and look faster than any setting.
     track_memory = "allocator" in param_space.params
     run_kwargs = {"hardware": hardware, "devices": devices, "steps": steps, **fixed}
-    default = _measure(target, workload, {}, run_kwargs, track_memory)
+    # the workload's own defaults may not run at all (a parameter the space always sets, None by
+    # default): an infeasible default, whatever it raises
+    default = _measure(target, workload, {}, run_kwargs, track_memory, bugs_stop=False)
     _check_default(target, workload, default, run_kwargs)
     cache: dict[tuple, Trial] = {}
     order: list[Trial] = []
@@ -645,13 +654,18 @@ def _search(space, evaluate, better, sign, target, max_iterations, early_stoppin
         try:
             params = space.suggest(trial)
         except ValueError as exc:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)  # not left RUNNING in a shared study
             if storage is None:
                 raise
             # Optuna's own error (e.g. "'208' not in (64, 128)") named neither (newcomer finding)
             raise TuneError(f"study {study.study_name!r} in {storage} was made with another parameter space "
                             f"({exc}); give this space a new study_name") from None
         new = len(cache)
-        result = evaluate(params)
+        try:
+            result = evaluate(params)
+        except TuneError:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)  # a bug in the workload stops the search
+            raise
         fresh = len(cache) > new
         value = sign * result.metrics[target.metric] if result.feasible else (
             sign * result.metrics[target.metric] if target.metric in result.metrics else 1e300)
@@ -668,7 +682,7 @@ def _search(space, evaluate, better, sign, target, max_iterations, early_stoppin
         else:
             since_best += 1
         if early_stopping and best is not None and since_best >= patience:
-            return best, True
+            return best, len(cache) < max_iterations
     return best, False
 
 

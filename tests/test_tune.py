@@ -482,3 +482,26 @@ def test_a_shared_study_made_with_another_space_is_named(tmp_path) -> None:
                                         r"\(.*\); give this space a new study_name"):
         auto_tune(target=target, param_space=narrow, workload=_attention, max_iterations=12, storage=storage,
                   study_name="s1", early_stopping=False)
+
+
+
+def test_a_default_configuration_that_cannot_run_is_infeasible_whatever_it_raises() -> None:
+    # Review finding: with workload bugs stopping the search, a workload whose defaults cannot
+    # run (a parameter the space always sets, None by default) stopped it on the default
+    def tiled(npu, tiles=None):
+        npu.set_tokens_per_step(128)
+        npu.matmul(npu.tensor((128 * (4096 // tiles), 128)), npu.tensor((128, 128)))  # TypeError with None
+
+    result = auto_tune(target=OptimizationTarget(operator="MatMul"), workload=tiled,
+                       param_space=ParameterSpace().add_discrete("tiles", [1, 2, 4]))
+    assert not result.default.feasible and "TypeError" in result.default.reason
+    assert result.best_params == {"tiles": 4}
+
+
+def test_stopped_early_only_when_the_budget_was_not_spent() -> None:
+    # Review finding: patience running out on the last allowed evaluation was told as an early stop
+    space = ParameterSpace().add_int("block_size", 16, 1024, 16).add_int("pipeline_stages", 1, 8)
+    for seed in range(6):
+        result = auto_tune(target=OptimizationTarget(operator="FlashAttention"), param_space=space,
+                           workload=_attention, max_iterations=6, patience=3, seed=seed)
+        assert result.stopped_early == (result.unique_evaluations < 6)
