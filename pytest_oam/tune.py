@@ -718,6 +718,40 @@ def _job_model():
     return TuneJob
 
 
+def _add_job_parameter(space: ParameterSpace, name: str, spec) -> None:
+    """One entry of a job file's ``[space]``.
+
+    Raises:
+        TuneError: not a list of values, "bool", ``{int = [low, high, step]}`` or ``{float =
+            [low, high]}``; an int range with a bound that is not an integer (5.5 was cut to 5);
+            a list mixing numbers, text and booleans (``[128, "256", true]``: the odd ones out
+            would only be infeasible trials). Both newcomer findings.
+    """
+    if isinstance(spec, list):
+        kinds = {"boolean" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else
+                 "text" if isinstance(v, str) else type(v).__name__ for v in spec if v is not None}
+        if len(kinds) > 1:
+            raise TuneError(f"the values {spec!r} mix {' and '.join(sorted(kinds))}; give one kind (and None)")
+        space.add_discrete(name, spec)
+    elif spec == "bool":
+        space.add_boolean(name)
+    elif isinstance(spec, dict) and list(spec) == ["int"] and len(spec["int"]) in (2, 3):
+        bounds = spec["int"]  # the job model reads numbers as floats
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() for v in bounds):
+            raise TuneError(f"int range bounds and step must be integers, got {[_plain(v) for v in bounds]!r}")
+        space.add_int(name, *[int(v) for v in bounds])
+    elif isinstance(spec, dict) and list(spec) == ["float"] and len(spec["float"]) == 2:
+        space.add_float(name, *spec["float"])
+    else:
+        raise TuneError(f'write a list of values, "bool", {{int = [low, high, step]}} or {{float = [low, high]}}, '
+                        f"got {spec!r}")
+
+
+def _plain(value):
+    """A job file's number as written: 2.0 read as a float prints as 2."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
     """Read a tuning job file and resolve its workload.
 
@@ -755,17 +789,10 @@ def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
         raise TuneError(f"{path}: {problems}") from None
     space = ParameterSpace()
     for name, spec in job.space.items():
-        if isinstance(spec, list):
-            space.add_discrete(name, spec)
-        elif spec == "bool":
-            space.add_boolean(name)
-        elif isinstance(spec, dict) and list(spec) == ["int"] and len(spec["int"]) in (2, 3):
-            space.add_int(name, *[int(v) for v in spec["int"]])
-        elif isinstance(spec, dict) and list(spec) == ["float"] and len(spec["float"]) == 2:
-            space.add_float(name, *spec["float"])
-        else:
-            raise TuneError(f'{path}: space.{name}: write a list of values, "bool", {{int = [low, high, step]}} '
-                            f"or {{float = [low, high]}}, got {spec!r}")
+        try:
+            _add_job_parameter(space, name, spec)
+        except TuneError as exc:  # named with the file, like every job error
+            raise TuneError(f"{path}: space.{name}: {exc}") from None
     module_name, sep, function_name = job.workload.partition(":")
     if not sep:
         raise TuneError(f"{path}: workload {job.workload!r} must be module:function")

@@ -249,6 +249,13 @@ def _attention(npu, block_size=128, pipeline_stages=2):
         ('workload = "attn_job:attention"\nspace = {x = [1]}\nconstraint = "latency_ms < 0"\n', "job.toml",
          "'latency_ms < 0' can never hold"),
         ('workload = "attn_job:attention"\nspace = {x = [1]}\nmetric = "speed"\n', "job.toml", "speed"),
+        # newcomer findings: a float int bound was cut (5.5 -> 5), and a list of mixed kinds made
+        # the odd values infeasible trials; a bad discrete list did not name the file
+        ('workload = "attn_job:attention"\nspace = {x = {int = [2, 5.5]}}\n', "job.toml",
+         "space.x: int range bounds and step must be integers, got [2, 5.5]"),
+        ('workload = "attn_job:attention"\nspace = {block_size = [128, "256", true]}\n', "job.toml",
+         "space.block_size: the values [128, '256', True] mix boolean and number and text"),
+        ('workload = "attn_job:attention"\nspace = {x = [1, 1]}\n', "job.toml", "space.x: parameter 'x': repeated"),
     ],
 )
 def test_bad_job_files_are_named(tmp_path, capsys, content, name, message) -> None:
