@@ -559,12 +559,8 @@ def compare_profiles(
         note = ("thresholds match no row of this comparison: " + ", ".join(unmatched)
                 + " (op types are case-sensitive: " + ", ".join(sorted(rows)) + ")")
         comparison = dataclasses.replace(comparison, reasons=[*comparison.reasons, note])
-    findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops, PeakMemory(
-        current_live=(current_profile.memory_peak.live if current_profile is not None and current_profile.memory_peak
-                      is not None else current_run.memory_peak_live),
-        baseline_live=base_run.memory_peak_live, current_peak_bytes=current_run.memory_allocated_peak_bytes,
-        baseline_peak_bytes=base_run.memory_allocated_peak_bytes,
-        peak=current_profile.memory_peak if current_profile is not None else None))
+    findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops,
+                        PeakMemory.of(current_run, base_run, current_profile))
     rules = []
     if current_profile is not None:
         from simulator.hardware import list_hardware, load_hardware

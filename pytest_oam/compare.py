@@ -172,22 +172,24 @@ def portable_site(site: str | None, root: str | None = None) -> str | None:
     pytest rootdir) when inside it and not in an installed package, else without its folders;
     a relative file as it is, normalised. Baselines match call sites by :func:`site_key`, so the
     form kept here is for reading."""
-    return _map_parts(site, lambda file: _portable_file(file, root))
+    return map_site_files(site, lambda file: _portable_file(file, root))
 
 
 def site_key(site: str | None) -> str | None:
     """The part of a call site that matches across runs, checkouts and installs: each part's
     file name without folders, and its line (``test_x.py:12 (in llama.py:379)``). Two files of
     one name in two folders meet under one key; callers add up what meets."""
-    return _map_parts(site, lambda file: file.replace("\\", "/").rpartition("/")[2])
+    return map_site_files(site, lambda file: file.replace("\\", "/").rpartition("/")[2])
 
 
-def _map_parts(site: str | None, file_of) -> str | None:
+def map_site_files(site: str | None, file_of) -> str | None:
+    """``site`` with ``file_of`` applied to the file of each ``file:line`` part (``user.py:12 (in
+    .../llama.py:379)`` has two: an op a library builder issued for the user's call)."""
     if site is None:
         return None
     if site.endswith(")") and " (in " in site:
         user, _, library = site[:-1].partition(" (in ")
-        return f"{_map_parts(user, file_of)} (in {_map_parts(library, file_of)})"
+        return f"{map_site_files(user, file_of)} (in {map_site_files(library, file_of)})"
     file, sep, line = site.rpartition(":")
     return f"{file_of(file)}{sep}{line}" if sep else site
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from simulator.hardware import HardwareSpec
 from simulator.profile import LiveMemory, MemoryPeak, OpRecord, Profile
 
-from .baseline import OpStats
+from .baseline import OpStats, RunBaseline
 from .compare import CounterChange, RunComparison, portable_site, site_key
 from .severity import Severity, grade_share
 
@@ -265,6 +265,16 @@ class PeakMemory:
     peak: MemoryPeak | None = None
     root: str | None = None
 
+    @classmethod
+    def of(cls, current: RunBaseline, baseline: RunBaseline, profile: Profile | None = None,
+           root: str | None = None) -> PeakMemory:
+        """From the two runs' summaries, with the current profile's whole list and peak when
+        there is a profile."""
+        peak = profile.memory_peak if profile is not None else None
+        return cls(current_live=peak.live if peak is not None else current.memory_peak_live,
+                   baseline_live=baseline.memory_peak_live, current_peak_bytes=current.memory_allocated_peak_bytes,
+                   baseline_peak_bytes=baseline.memory_allocated_peak_bytes, peak=peak, root=root)
+
     def reached(self) -> str:
         from .report import fmt_bytes
 
@@ -309,8 +319,8 @@ def _memory_finding(v, profile: Profile | None = None, memory: PeakMemory | None
                    "(sizes that change between allocations); pre-allocate a pool as large as the largest request, "
                    "use expandable_segments:True, or keep sizes to a few buckets")
         elif v.op_type == "memory.reserved_peak" and allocated is not None:
-            told = memory.current_live is not None
-            what = grew + ("; what held more at the allocated peak: see memory.allocated_peak" if told else "")
+            what = grew + ("; what held more at the allocated peak: see memory.allocated_peak"
+                           if memory.current_live else "")  # told there only when there is a list
         else:
             held, sites, kind = _peak_holders(memory)
             what = grew + held

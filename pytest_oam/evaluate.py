@@ -67,33 +67,23 @@ class GateInputs:
         return data
 
 
-def _work_per_step(profile: Profile) -> dict[str, tuple[float, float]]:
-    """(FLOP, HBM bytes) per step in which it ran, by op type: what a baseline's
-    ``ops[...].flop`` and ``.hbm_bytes`` hold, to pair runs."""
-    out: dict[str, list[float]] = {}
-    for op in [*profile.ops, *profile.op_summaries]:
-        work = out.setdefault(op.op_type, [0.0, 0.0])
-        work[0] += op.flop
-        work[1] += op.hbm_bytes
-    return {op: (flop / profile.op_steps(op), hbm / profile.op_steps(op)) for op, (flop, hbm) in out.items()}
-
-
 def display_site(site: str, invocation_dir: str | None) -> str:
     """A ``file:line`` call site (or ``file:line (in file:line)``, an op a library builder
     issued for the user's call) with each file relative to ``invocation_dir`` when inside it."""
     from pathlib import Path
 
-    if site.endswith(")") and " (in " in site:
-        user, _, library = site[:-1].partition(" (in ")
-        return f"{display_site(user, invocation_dir)} (in {display_site(library, invocation_dir)})"
-    file, sep, line = site.rpartition(":")
-    if not sep or invocation_dir is None:
+    from .compare import map_site_files
+
+    if invocation_dir is None:
         return site
-    try:
-        file = str(Path(file).relative_to(invocation_dir))
-    except ValueError:
-        pass
-    return f"{file}{sep}{line}"
+
+    def relative(file: str) -> str:
+        try:
+            return str(Path(file).relative_to(invocation_dir))
+        except ValueError:
+            return file
+
+    return map_site_files(site, relative)
 
 
 def evaluate_gate(
@@ -150,18 +140,23 @@ def evaluate_gate(
     runs, verdicts, findings, statuses, parts, notes, summaries = [], [], [], [], [], [], []
     diagnosis: list[DiagnosisReport] = []
     op_types: set[str] = {STEP_ROW}
+    empty: dict[int, str] = {}  # run -> why it has no summary (the workload ran no operator)
+    for i, profile in enumerate(profiles):
+        try:
+            summaries.append(summarize(profile, inputs.root_dir))
+        except ValueError as exc:
+            summaries.append(None)
+            empty[i] = str(exc)
     matched = match_runs(baseline.runs if baseline is not None else [], [p.workload_fingerprint for p in profiles],
-                         [_work_per_step(p) for p in profiles])
+                         [{} if s is None else s.ops for s in summaries])
     for i, profile in enumerate(profiles):
         base_run = baseline.runs[matched[i]] if matched[i] is not None else None
         status, reasons, base_step, top_ops = "not-gated", [], None, []
-        try:
-            current = summarize(profile, inputs.root_dir)
-        except ValueError as exc:  # the workload ran no operator
-            current, reasons = None, [str(exc)]
+        current = summaries[i]
+        if i in empty:
+            reasons = [empty[i]]
             if gating:
                 status = "missing-ops"
-        summaries.append(current)
         diagnosis += [
             DiagnosisReport(run=i, rule_id=f.rule_id, severity=f.severity, op_type=f.op_type, op_name=f.op_name,
                             location=site(f.location) if f.location else None,
@@ -185,13 +180,8 @@ def evaluate_gate(
                 status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
                 run_findings = [
                     dataclasses.replace(f, call_sites=[(site(s), t) for s, t in f.call_sites])
-                    for f in diagnose(comparison, profile, current.ops, base_run.ops, PeakMemory(
-                        current_live=(profile.memory_peak.live if profile.memory_peak is not None
-                                      else current.memory_peak_live),
-                        baseline_live=base_run.memory_peak_live,
-                        current_peak_bytes=current.memory_allocated_peak_bytes,
-                        baseline_peak_bytes=base_run.memory_allocated_peak_bytes,
-                        peak=profile.memory_peak, root=inputs.root_dir))
+                    for f in diagnose(comparison, profile, current.ops, base_run.ops,
+                                      PeakMemory.of(current, base_run, profile, inputs.root_dir))
                 ]
                 verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
                 findings += [

@@ -358,12 +358,11 @@ def marker_settings(item: pytest.Item) -> MarkerSettings:
     return MarkerSettings(thresholds, hardware, devices, tuned)
 
 
-def match_runs(baseline_runs: list, fingerprints: list[str],
-               work: list[dict[str, tuple[float, float]]] | None = None) -> list[int | None]:
+def match_runs(baseline_runs: list, fingerprints: list[str], work: list[dict] | None = None) -> list[int | None]:
     """Pair each current run with a baseline run: same workload fingerprint first (in order);
     then each remaining run with the remaining baseline run whose work is closest (``work``: per
-    current run, (FLOP, HBM bytes) per step by op type, as the baseline's ``ops`` hold them), in
-    order, or by position without ``work``. Work, not time: the run that does the same work is
+    current run, its summary's ``ops``, compared with the baseline run's), in order, or by
+    position without ``work``. Work, not time: the run that does the same work is
     the one to compare with, and pairing by time would pair a slowed run with a slower one
     (newcomer finding: a changed run was compared with the first spare baseline run, a 4x larger
     workload, and a 3x slowdown passed). Returns, per current run, a baseline index or None."""
@@ -384,16 +383,15 @@ def match_runs(baseline_runs: list, fingerprints: list[str],
     return matched
 
 
-def _work_distance(current: dict[str, tuple[float, float]], baseline_ops: dict) -> float:
+def _work_distance(current_ops: dict, baseline_ops: dict) -> float:
     """How unlike two runs' work is: the sum over op types of |log| of the ratios of their FLOP
-    and of their HBM bytes per step (+1, so that an op type one run lacks counts by its size;
-    bytes tell apart the ops that do no FLOP: copies, collectives)."""
+    and of their HBM bytes per step in which the op ran (``OpStats``; +1, so that an op type one
+    run lacks counts by its size; bytes tell apart the ops that do no FLOP: copies, collectives)."""
     total = 0.0
-    for op in set(current) | set(baseline_ops):
-        flop, hbm = current.get(op, (0.0, 0.0))
-        base = baseline_ops.get(op)
-        total += abs(math.log((flop + 1.0) / ((base.flop if base else 0.0) + 1.0)))
-        total += abs(math.log((hbm + 1.0) / ((base.hbm_bytes if base else 0.0) + 1.0)))
+    for op in set(current_ops) | set(baseline_ops):
+        now, was = current_ops.get(op), baseline_ops.get(op)
+        for name in ("flop", "hbm_bytes"):
+            total += abs(math.log((getattr(now, name, 0.0) + 1.0) / (getattr(was, name, 0.0) + 1.0)))
     return total
 
 
