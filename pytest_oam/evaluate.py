@@ -141,6 +141,7 @@ def evaluate_gate(
     diagnosis: list[DiagnosisReport] = []
     op_types: set[str] = {STEP_ROW}
     empty: dict[int, str] = {}  # run -> why it has no summary (the workload ran no operator)
+    ran_nothing: list[int] = []  # runs that ran no operator where their baseline run had some
     for i, profile in enumerate(profiles):
         try:
             summaries.append(summarize(profile, inputs.root_dir))
@@ -157,6 +158,11 @@ def evaluate_gate(
             reasons = [empty[i]]
             if gating:
                 status = "missing-ops"
+            if gating and base_run is not None:  # its baseline run had operators: nothing to compare
+                ran_nothing.append(i)
+                had = sorted(base_run.ops)
+                notes.append(f"run {i + 1} ran no operator, but its baseline run had {', '.join(had[:3])}"
+                             + (f" and {len(had) - 3} more op types" if len(had) > 3 else "") + ": nothing was compared")
         diagnosis += [
             DiagnosisReport(run=i, rule_id=f.rule_id, severity=f.severity, op_type=f.op_type, op_name=f.op_name,
                             location=site(f.location) if f.location else None,
@@ -224,7 +230,8 @@ def evaluate_gate(
         notes.append("@pytest.mark.oam thresholds match no op type of this test: " + ", ".join(unmatched)
                      + " (op types are case-sensitive: " + ", ".join(sorted(op_types)) + ")")
     path = inputs.baseline_path
-    compared_nothing = any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiles)
+    compared_nothing = (any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiles)
+                        or bool(ran_nothing))
     gate_failed = gate_fails(status, compared_nothing, inputs.strict, inputs.fail_on_improvement)
     failed = gate_failed or bool(fatal)
     report = GateReport(nodeid=inputs.nodeid, status=status, failed=failed, baseline_path=path,

@@ -1,15 +1,25 @@
 """The pytest entry point (``pytest11`` name ``oam``): options, ini keys, marker, fixture.
 
 Thin by design: the state lives in :class:`pytest_oam.session.OamSession`, registered once and
-kept in ``config.stash``. Nothing heavy is imported here; the simulator loads when a test
-first profiles.
+kept in ``config.stash``. The plugin autoloads in every pytest run of the environment, so a
+suite that does not use it must not pay for it: unless an ``--oam-*`` option is given, only a
+small watcher (:class:`_Dormant`) is registered, and the session (with the simulator, numpy
+and pydantic behind it) loads when a collected test uses ``oam_profile`` or ``@pytest.mark.oam``,
+or a test requests the fixture at run time.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from .session import OAM_SESSION_KEY, OamSession, settings_from_config
+OAM_SESSION_KEY = pytest.StashKey["object"]()
+_DORMANT_KEY = pytest.StashKey["_Dormant"]()
+#: ``config.option`` names of the plugin's command-line options; any of them given makes the
+#: session load at start, so that a bad option is a usage error before any test.
+OPTION_DESTS = (
+    "oam_baseline", "oam_save_baseline", "oam_threshold", "oam_hardware", "oam_report", "oam_strict",
+    "oam_fail_on_improvement", "oam_prune", "oam_collect", "oam_record", "oam_record_dir", "oam_tuned_limit",
+)
 
 MARKER_DOC = (
     "oam(thresholds=None, hardware=None, devices=None, tuned=None): per-test settings of the oam "
@@ -135,20 +145,88 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspec)
 
 
+def _options_given(config: pytest.Config) -> bool:
+    return any(getattr(config.option, dest, None) not in (None, False) for dest in OPTION_DESTS)
+
+
+def activate(config: pytest.Config):
+    """The run's :class:`~pytest_oam.session.OamSession`, made and registered on first use.
+
+    Raises:
+        pytest.UsageError: a bad option or ini value (checked when the session is made at start);
+            see :func:`pytest_oam.session.settings_from_config`.
+    """
+    session = config.stash.get(OAM_SESSION_KEY, None)
+    if session is None:
+        from .session import OamSession
+
+        session = OamSession(config)
+        config.stash[OAM_SESSION_KEY] = session
+        config.pluginmanager.register(session, "oam-session")
+        dormant = config.stash.get(_DORMANT_KEY, None)
+        if dormant is not None:
+            dormant.hand_over(session)
+    return session
+
+
+class _Dormant:
+    """Registered instead of the session when no ``--oam-*`` option is given: it only watches
+    collection, and makes the session when a test needs it (cheap per test: no other hook)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.partial: list[str] = []
+        self.xdist_ids: list[str] = []
+        self.items: list[pytest.Item] | None = None
+
+    def hand_over(self, session) -> None:
+        """Tell a session made after collection what collection saw."""
+        self.config.pluginmanager.unregister(self)
+        del self.config.stash[_DORMANT_KEY]
+        session.partial.update(self.partial)
+        session.note_collected(self.xdist_ids or [item.nodeid for item in self.items or []])
+
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        if items:
+            self.partial.append("deselected tests")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        self.items = items
+        if any("oam_profile" in getattr(item, "fixturenames", ()) or item.get_closest_marker("oam") is not None
+               for item in items):
+            session = activate(config)
+            session.pytest_collection_modifyitems(items)  # this hook call started before it existed
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        self.xdist_ids = ids  # the controller: its workers collect
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # the controller under xdist: a worker gated a test, so the results need a session here
+        if hasattr(report, "oam_gate") or hasattr(report, "oam_tuned"):
+            activate(self.config).pytest_runtest_logreport(report)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
-    settings = settings_from_config(config)  # raises pytest.UsageError on bad options
-    session = OamSession(config, settings)
-    config.stash[OAM_SESSION_KEY] = session
-    config.pluginmanager.register(session, "oam-session")
+    if _options_given(config):
+        session = activate(config)
+        if not session.unusable():  # another simulator module: only the tests that use the fixture error
+            session.settings  # noqa: B018 - resolve now: a bad option is a usage error before any test
+    else:
+        dormant = _Dormant(config)
+        config.stash[_DORMANT_KEY] = dormant
+        config.pluginmanager.register(dormant, "oam-dormant")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(OAM_SESSION_KEY, None)
-    if session is not None:
-        config.pluginmanager.unregister(session)
-        del config.stash[OAM_SESSION_KEY]
+    for key in (OAM_SESSION_KEY, _DORMANT_KEY):
+        plugin = config.stash.get(key, None)
+        if plugin is not None:
+            config.pluginmanager.unregister(plugin)
+            del config.stash[key]
 
 
 @pytest.fixture
@@ -161,8 +239,12 @@ def oam_profile(request: pytest.FixtureRequest):
     (``simulator.register_op_callback``) and leaves registered are removed when it ends: one
     left behind ran in every later test (and made their runs online).
     """
+    from .session import check_simulator_module
+
+    check_simulator_module()  # before any import of it: another module named simulator may come first
+    session = activate(request.config)
     from simulator import callbacks
 
     before = callbacks.registered()
-    yield request.config.stash[OAM_SESSION_KEY].profiler_for(request.node)
+    yield session.profiler_for(request.node)
     callbacks.remove_all_but(before)

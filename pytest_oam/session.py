@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from .baseline import BaselineFile
 
-OAM_SESSION_KEY = pytest.StashKey["OamSession"]()
 _PROFILER_KEY = pytest.StashKey["OamProfiler"]()
 MARKER_KEYWORDS = ("thresholds", "hardware", "devices", "tuned")
 REPORT_FORMATS = (".json", ".md", ".html")
@@ -75,6 +74,43 @@ class OamSettings:
 
 def _usage(message: str) -> pytest.UsageError:
     return pytest.UsageError(message)
+
+
+def simulator_clash() -> str | None:
+    """Why ``import simulator`` would not give pytest-oam's simulator, or ``None``.
+
+    pytest-oam ships its simulator as the top-level package ``simulator``; a module of the same
+    name in the user's project (a ``simulator.py`` beside the tests, already imported or first on
+    ``sys.path``) hides it. Checked without importing anything.
+    """
+    import importlib.util
+    import sys
+
+    ours = Path(__file__).resolve().parent.parent / "simulator"
+    module = sys.modules.get("simulator")
+    if module is not None:
+        places = [getattr(module, "__file__", None) or "", *getattr(module, "__path__", ())]
+    else:
+        try:
+            spec = importlib.util.find_spec("simulator")
+        except (ImportError, ValueError):
+            spec = None
+        places = [] if spec is None else [spec.origin or "", *(spec.submodule_search_locations or ())]
+    found = next((p for p in places if p), None)
+    if found is None and module is None:
+        return "pytest-oam's simulator package cannot be found: reinstall pytest-oam"
+    if found is not None and (Path(found).resolve() == ours or ours in Path(found).resolve().parents):
+        return None
+    return (f"another module named 'simulator' ({found or module!r}) hides pytest-oam's simulator package "
+            f"({ours}); rename your module (or the folder that puts it first on sys.path) to use oam_profile")
+
+
+def check_simulator_module() -> None:
+    """Fail the calling test, with the reason, when another ``simulator`` module hides ours."""
+    __tracebackhide__ = True
+    problem = simulator_clash()
+    if problem is not None:
+        pytest.fail(f"oam: {problem}", pytrace=False)
 
 
 def _check_hardware(name: str, where: str) -> None:
@@ -152,15 +188,41 @@ def _check_baseline_dir(folder: Path, must_exist: bool, source: str = "--oam-bas
         )
 
 
-def _is_baseline_file(path: Path) -> bool:
-    """Does ``path`` hold a pytest-oam baseline (not a report, which may be replaced)?"""
+def report_overwrite_problem(path: Path) -> str | None:
+    """Why ``--oam-report`` must not write ``path``, or ``None``: a report replaces only a report
+    of ours (or an empty file); any other existing file (a baseline, a knowledge base, a page of
+    the user's) is never overwritten."""
     import json
 
+    if not path.exists() and not path.is_symlink():
+        return None
+    if not path.is_file():
+        return f"{path} exists and is not a regular file"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "runs" in data and "nodeid" in data and "tests" not in data
+        with path.open("rb") as fh:
+            head = fh.read(1 << 16)
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc}) to check that it is a report of ours"
+    if not head.strip():
+        return None
+    suffix = path.suffix.lower()
+    text = head.decode("utf-8", errors="replace")
+    if suffix == ".md":
+        ours = text.startswith("## oam performance gate")
+    elif suffix == ".html":
+        ours = text.lstrip().startswith("<!DOCTYPE html>") and "<title>oam performance gate" in text
+    else:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = None
+        ours = isinstance(data, dict) and {"pytest_oam_version", "tests", "status_counts"} <= set(data)
+        if not ours and isinstance(data, dict) and {"runs", "nodeid"} <= set(data):
+            return f"{path} is a baseline file; it is not overwritten by a report"
+    if ours:
+        return None
+    return (f"{path} exists and is not a pytest-oam report; a report never replaces another file: "
+            "give another path, or delete the file first")
 
 
 def settings_from_config(config: pytest.Config) -> OamSettings:
@@ -220,8 +282,9 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
             if folder.resolve() in report.resolve().parents:
                 raise _usage(f"--oam-report: {report} is inside the baseline folder {folder}; write reports "
                              "elsewhere (a report there would replace a baseline or be taken for one)")
-        if report.is_file() and report.suffix.lower() == ".json" and _is_baseline_file(report):
-            raise _usage(f"--oam-report: {report} is a baseline file; it is not overwritten by a report")
+        problem = report_overwrite_problem(report)
+        if problem is not None:
+            raise _usage(f"--oam-report: {problem}")
     prune = bool(opt.oam_prune)
     if prune and save_dir is None:
         raise _usage("--oam-prune: deletes stale baselines only together with --oam-save-baseline")
@@ -402,6 +465,25 @@ def _arguments_repr(args: tuple, kwargs: dict[str, Any], limit: int = 2000) -> s
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _test_of(nodeid: str) -> str:
+    """A test id without its parameters: ``f.py::C::test_x[1-a]`` -> ``f.py::C::test_x``."""
+    head, sep, _ = nodeid.partition("[")
+    return head if sep else nodeid
+
+
+def _outcome_reason(report: pytest.TestReport) -> str:
+    """The reason a test gave for its skip or xfail, or the last line of its error (one line)."""
+    if hasattr(report, "wasxfail") and report.wasxfail:
+        reason = report.wasxfail
+    elif report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
+        reason = str(report.longrepr[2])
+    else:
+        reason = getattr(report.longrepr, "reprcrash", None)
+        reason = reason.message if reason is not None else ""
+    reason = reason.removeprefix("Skipped: ").removeprefix("reason: ").strip()
+    return reason.splitlines()[0] if reason else ""
+
+
 def _first(*values):
     """The first value that is not ``None``."""
     return next(v for v in values if v is not None)
@@ -433,6 +515,9 @@ class OamProfiler:
             ValueError: unknown hardware, bad steps or devices, or an operator error (naming
                 the op and shapes).
         """
+        if not callable(workload):
+            raise TypeError(f"oam_profile.run: the workload must be a function called as workload(npu, *args, "
+                            f"**kwargs), got {type(workload).__name__} {workload!r:.80}")
         import simulator
 
         hardware = _first(hardware, self._marker.hardware, self._settings.hardware)
@@ -514,9 +599,9 @@ class OamProfiler:
 class OamSession:
     """Registered once per pytest run as a plugin; holds the gate's state."""
 
-    def __init__(self, config: pytest.Config, settings: OamSettings) -> None:
+    def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.settings = settings
+        self._settings: OamSettings | None = None
         self.is_worker = hasattr(config, "workerinput")
         self.bad_markers: dict[str, str] = {}  # nodeid -> message, on an xdist worker
         self.results: dict[str, dict[str, Any]] = {}
@@ -534,21 +619,44 @@ class OamSession:
         self.recorded: list[str] = []
         #: Per test id, the per-step series of its runs (for an HTML report), sent like the gate.
         self.series: dict[str, list[dict[str, Any]]] = {}
-        self.wants_series = any(p.suffix.lower() == ".html" for p in settings.report_paths)
         self._kb = None  # the knowledge base of the tuned check, read when first needed
         #: Per test id, tuned checks skipped for want of a record (shown in the summary).
         self.tuned_notes: dict[str, list[str]] = {}
         #: Per test id, what its record needs until the tuned check has run (--oam-record).
         self._pending_records: dict[str, tuple] = {}
+        #: --oam-prune: baselines of uncollected tests that are not provably gone, kept.
+        self.prune_kept: list[str] = []
+
+    @property
+    def settings(self) -> OamSettings:
+        """The options, resolved when first needed (at start when an ``--oam-*`` option is given).
+
+        Raises:
+            pytest.UsageError: see :func:`settings_from_config`; or another ``simulator`` module
+                hides pytest-oam's.
+        """
+        if self._settings is None:
+            problem = simulator_clash()
+            if problem is not None:
+                raise _usage(problem)
+            self._settings = settings_from_config(self.config)
+        return self._settings
+
+    @property
+    def wants_series(self) -> bool:
+        return any(p.suffix.lower() == ".html" for p in self.settings.report_paths)
 
     # -- collection: validate markers before any test runs --------------------------------------
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.collected.update(item.nodeid for item in session.items)
-        self._note_order(item.nodeid for item in session.items)
+        self.note_collected(item.nodeid for item in session.items)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, ids: list[str]) -> None:
+        self.note_collected(ids)
+
+    def note_collected(self, ids) -> None:
+        ids = list(ids)
         self.collected.update(ids)
         self._note_order(ids)
 
@@ -591,6 +699,9 @@ class OamSession:
         # worker cannot end the session with a usage error (the controller would report a
         # crashed worker), so there each bad test errors at setup with the same message; the
         # other tests run, and the run fails.
+        if self.unusable():
+            return  # each test that uses the fixture errors with the reason
+        self.settings  # noqa: B018 - a bad ini value is a usage error before any test
         errors = {}
         for item in items:
             if item.get_closest_marker("oam") is not None:
@@ -674,6 +785,8 @@ class OamSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
+        if self.unusable():
+            return report
         report = self._gate_report(item, call, report)
         if report.when == "call":
             self._tuned_check(item, report)
@@ -701,6 +814,8 @@ class OamSession:
             return self._unprofiled_with_baseline(item, report)
         if not profiler.profiles and profiler.baseline is None:
             return report
+        if not profiler.profiles and not report.passed:
+            return self._ended_before_profiling(item, report, profiler.baseline_path)
         try:
             result, text = self._evaluate(item, profiler, report.passed)
         except Exception:  # noqa: BLE001 - never crash the session: fail this test with the traceback
@@ -839,6 +954,27 @@ class OamSession:
         report.outcome = "failed"
         report.longrepr = text
 
+    def _ended_before_profiling(self, item: pytest.Item, report: pytest.TestReport,
+                                path: Path | None) -> pytest.TestReport:
+        """A test that skipped itself (``pytest.skip``, ``importorskip``, ``skipTest``), was an
+        expected failure, or failed before any profiled run: its own outcome and reason stand, it
+        is not gated, and its baseline is kept (nothing is saved over it)."""
+        from .report import GateReport
+
+        if hasattr(report, "wasxfail"):
+            how = "was an expected failure (xfail)"
+        elif report.skipped:
+            how = "skipped itself"
+        else:
+            how = "failed"
+        reason = _outcome_reason(report)
+        message = (f"the test {how} before any profiled run" + (f" ({reason})" if reason else "") + ": not gated"
+                   + ("; its baseline is kept" if path is not None and path.is_file() else ""))
+        gate = GateReport(nodeid=item.nodeid, status="not-gated", failed=False,
+                          baseline_path=self._display(path) if path is not None else None, message=message)
+        report.oam_gate = {"report": gate.model_dump(mode="json"), "op_types": []}
+        return report
+
     def _unprofiled_with_baseline(self, item: pytest.Item, report: pytest.TestReport) -> pytest.TestReport:
         """A gated test that has a baseline but no longer uses ``oam_profile``: nothing compared."""
         if self.settings.baseline_dir is None:
@@ -846,6 +982,8 @@ class OamSession:
         path = self.baseline_path(item.nodeid, self.settings.baseline_dir)
         if not path.is_file():
             return report
+        if not report.passed:  # it skipped, xfailed or failed on its own: that outcome stands
+            return self._ended_before_profiling(item, report, path)
         from .report import GateReport
 
         message = "the test no longer uses the oam_profile fixture, but it has a baseline: nothing was compared"
@@ -859,7 +997,7 @@ class OamSession:
     # -- controller side --------------------------------------------------------------------------
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if self.is_worker:
+        if self.is_worker or self.unusable():
             return
         if report.when == "teardown" and report.nodeid in self.pending_saves:
             baseline = self.pending_saves.pop(report.nodeid)
@@ -904,11 +1042,16 @@ class OamSession:
         except ValueError:
             return str(path)
 
+    def unusable(self) -> bool:
+        """Another ``simulator`` module hides ours and the options were never resolved: the
+        tests that used the fixture errored with the reason; nothing else to do."""
+        return self._settings is None and simulator_clash() is not None
+
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if self.is_worker:
+        if self.is_worker or self.unusable():
             return
         self._tuned_summary(terminalreporter)
-        if not (self.results or self.pruned or self.prune_refused or self.settings.report_paths
+        if not (self.results or self.pruned or self.prune_refused or self.prune_kept or self.settings.report_paths
                 or self.save_errors or self.recorded or self.unused_baselines):
             return
         from .report import fmt_value, summary_table
@@ -982,6 +1125,14 @@ class OamSession:
             tr.write_line(f"oam: pruned stale baseline {line}")
         if self.prune_refused:
             tr.write_line(f"oam: {self.prune_refused}", yellow=True)
+        if self.prune_kept:
+            n = len(self.prune_kept)
+            tr.write_line(f"oam: --oam-prune kept {n} baseline {'file' if n == 1 else 'files'} of tests this run did "
+                          "not collect but that may still exist (their file is there and was not collected, or "
+                          "their test function still is: collect_ignore, a parameter of another machine?):",
+                          yellow=True)
+            for line in self.prune_kept:
+                tr.write_line(f"    {line}", yellow=True)
         if self.unused_baselines:
             n = len(self.unused_baselines)
             tr.write_line(f"oam: {n} baseline {'file' if n == 1 else 'files'} of tests this run did not collect "
@@ -1015,7 +1166,7 @@ class OamSession:
                 tr.write_line(f"    {note}", yellow=True)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.is_worker:
+        if self.is_worker or self.unusable():
             return
         if self.settings.prune:
             self._prune(session)
@@ -1023,8 +1174,12 @@ class OamSession:
             # a full gating run: say which baselines no test read (a renamed or moved test
             # silently reports no-baseline otherwise)
             self.unused_baselines = [f"{self._display(path)} ({nodeid})"
-                                     for path, nodeid in self._stale_baselines(self.settings.baseline_dir)]
+                                     for path, nodeid in self._stale_baselines(self.settings.baseline_dir)[0]]
         for path in self.settings.report_paths:
+            problem = report_overwrite_problem(path)  # made while the tests ran?
+            if problem is not None:
+                self.report_errors[path] = f"--oam-report: not written: {problem}"
+                continue
             try:
                 self._write_report(path)
             except (OSError, ValueError) as exc:
@@ -1052,34 +1207,47 @@ class OamSession:
             reasons.append("no test was collected")
         return ", ".join(reasons) or None
 
-    def _stale_baselines(self, folder: Path | None) -> list[tuple[Path, str]]:
-        """Baseline files in ``folder`` whose test the collected paths no longer contain (a
-        renamed, moved or deleted test), with their test ids; unreadable files are left out."""
+    def _stale_baselines(self, folder: Path | None) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
+        """Baselines in ``folder`` of tests in the collected paths that this run did not collect,
+        with their test ids, as ``(gone, kept)``. Gone, provably: the test file no longer exists,
+        or it was collected and no test of that name is in it (a parametrized test counts by its
+        function: ids that exist only on some machines, ``test_x[gpu]``, are kept while ``test_x``
+        is collected). Kept: everything else, such as a file a conftest's ``collect_ignore`` left
+        out. Unreadable files are left out of both: not ours to judge."""
         from .baseline import BaselineError, load_baseline
 
         if folder is None or not folder.is_dir():
-            return []
+            return [], []
         scopes = [Path(self.config.invocation_params.dir, str(arg)).resolve() for arg in self.config.args]
         root = self.config.rootpath
-        stale = []
+        collected_files = {nodeid.split("::")[0] for nodeid in self.collected}
+        collected_tests = {_test_of(nodeid) for nodeid in self.collected}
+        gone, kept = [], []
         for path in sorted(folder.glob("*.json")):
             try:
                 nodeid = load_baseline(path).nodeid
             except BaselineError:
-                continue  # not ours to judge: leave unreadable files alone
-            test_file = (root / nodeid.split("::")[0]).resolve()
+                continue
+            file_part = nodeid.split("::")[0]
+            test_file = (root / file_part).resolve()
             in_scope = any(test_file == scope or scope in test_file.parents for scope in scopes)
-            if in_scope and nodeid not in self.collected:
-                stale.append((path, nodeid))
-        return stale
+            if not in_scope or nodeid in self.collected:
+                continue
+            if not test_file.exists() or (file_part in collected_files and _test_of(nodeid) not in collected_tests):
+                gone.append((path, nodeid))
+            else:
+                kept.append((path, nodeid))
+        return gone, kept
 
     def _prune(self, session: pytest.Session) -> None:
-        """Delete baselines of tests that the collected paths no longer contain."""
+        """Delete baselines of tests that are provably gone (see :meth:`_stale_baselines`)."""
         refusal = self._prune_refusal(session)
         if refusal:
             self.prune_refused = f"--oam-prune: not a full run ({refusal}); nothing deleted"
             return
-        for path, nodeid in self._stale_baselines(self.settings.save_dir):
+        gone, kept = self._stale_baselines(self.settings.save_dir)
+        self.prune_kept = [f"{self._display(path)} ({nodeid})" for path, nodeid in kept]
+        for path, nodeid in gone:
             try:
                 path.unlink()
             except OSError as exc:
