@@ -7,6 +7,7 @@ produces, so that baselines made by another version are recognised as such.
 __version__ = "0.6.0"
 SIMULATOR_VERSION = __version__
 
+from .allocator import OutOfMemoryError
 from .callbacks import register_op_callback
 from .hardware import HardwareSpec, list_hardware, load_hardware
 from .profile import OpRecord, Profile
@@ -17,6 +18,7 @@ __all__ = [
     "SIMULATOR_VERSION",
     "HardwareSpec",
     "OpRecord",
+    "OutOfMemoryError",
     "Profile",
     "ShapeError",
     "Tensor",

@@ -90,10 +90,13 @@ class OutOfMemoryError(RuntimeError):
     """The allocator could not serve a request, even after freeing its cache.
 
     Mirrors ``torch.OutOfMemoryError`` (a ``RuntimeError``). ``event`` holds the work done
-    before giving up (synchronisations, freed segments) and its host time.
+    before giving up (synchronisations, freed segments) and its host time; it is ``None`` when
+    no allocator model ran: the runtime's capacity check without memory modelling
+    (:class:`simulator.runtime.NPU`, ``memory=False``) raises this error too, for a workload
+    whose live tensors alone exceed the card's HBM.
     """
 
-    def __init__(self, message: str, *, requested_bytes: int, event: MemoryEvent) -> None:
+    def __init__(self, message: str, *, requested_bytes: int, event: MemoryEvent | None = None) -> None:
         super().__init__(message)
         self.requested_bytes = requested_bytes
         self.event = event

@@ -93,6 +93,27 @@ class InterconnectSpec(_Group):
         description="HBM one HCCL communicator takes outside the caching allocator, at its first "
         "collective: 2 x HCCL_BUFFSIZE (send and receive buffers)",
     )
+    hccl_server_device_counts: list[PositiveInt] | None = Field(
+        default=None, min_length=1,
+        description="Card counts HCCL supports for a job within one server; a job across servers takes "
+        "whole servers (a multiple of cards_per_server). None (specs without it): any count",
+    )
+
+    def check_device_count(self, devices: int, hardware: str) -> None:
+        """Raise unless HCCL supports a job of ``devices`` cards on servers of this interconnect
+        (``hardware`` names the card in the message).
+
+        Raises:
+            ValueError: ``devices`` is not one of ``hccl_server_device_counts`` nor a multiple
+                of ``cards_per_server``.
+        """
+        counts = self.hccl_server_device_counts
+        if counts is None or devices in counts or devices % self.cards_per_server == 0:
+            return
+        listed = ", ".join(map(str, counts[:-1])) + f" or {counts[-1]}" if len(counts) > 1 else str(counts[0])
+        raise ValueError(
+            f"devices={devices}: HCCL on an {hardware} server ({self.cards_per_server} cards) supports {listed} "
+            f"cards in one server, or a multiple of {self.cards_per_server} across servers")
 
 
 class AllocatorSpec(_Group):

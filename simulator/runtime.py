@@ -28,7 +28,7 @@ import numpy as np
 from . import __version__ as SIMULATOR_VERSION
 from . import callbacks as _callbacks
 from . import numerics
-from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator
+from .allocator import Allocation, AllocatorConfig, MemoryEvent, NpuCachingAllocator, OutOfMemoryError, format_size
 from .costs import COST_MODELS, OpCost, OpSpec, conv_output_hw, op_cost, op_workspace_bytes
 from .hardware import HardwareSpec, load_hardware
 from .profile import (
@@ -402,6 +402,8 @@ def _copies(group: tuple[int, ...], devices: int) -> list[tuple[int, ...]]:
 #: Where each field of a :class:`MemoryEvent` sits in a noted allocator call: ``(step, device
 #: clock) + event``, a plain tuple of numbers and strings (see :meth:`NPU._note_memory`).
 _CALL_INDEX = {name: 2 + i for i, name in enumerate(MemoryEvent._fields)}
+#: Without memory modelling: references of tensors that went, queued before they are settled.
+_SETTLE_BATCH = 1024
 _MEMORY_RECORD_FIELDS = tuple(MemoryRecord.model_fields)  # step, time_s, then fields of the event
 _memory_record_values = operator.itemgetter(0, 1, *(_CALL_INDEX[name] for name in _MEMORY_RECORD_FIELDS[2:]))
 
@@ -449,7 +451,9 @@ class NPU:
 
     Args:
         hardware: the spec of the card.
-        devices: number of cards in the job; collectives default to all of them.
+        devices: number of cards in the job; collectives default to all of them. A count HCCL
+            does not support on the hardware's servers (``interconnect.hccl_server_device_counts``
+            in one server, else whole servers) raises ``ValueError``.
         op_time_scale: fault injection for testing gates: multiply the duration of the named
             op types (e.g. ``{"FlashAttention": 1.05}``). Factors must be positive.
         collection: ``"offline"`` or ``"online"``, see :mod:`simulator.callbacks`.
@@ -474,8 +478,9 @@ class NPU:
         degraded_links: dict[tuple[int, int], float] | None = None,
     ) -> None:
         self.collection = _callbacks.check_collection(collection)
-        if not isinstance(devices, int) or devices < 1:
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise ValueError(f"devices must be a positive integer, got {devices!r}")
+        hardware.interconnect.check_device_count(devices, hardware.name)
         self.hardware = hardware
         self.devices = devices
         self.rank = 0
@@ -493,6 +498,20 @@ class NPU:
                             f"or an AllocatorConfig, got {allocator!r}")
         self.memory = bool(memory or allocator is not None)
         self.allocator = NpuCachingAllocator(hardware, allocator) if self.memory else None
+        #: Without memory modelling: the bytes of the tensors this NPU made (and of its HCCL
+        #: communicators' buffers), a lower bound of what the caching allocator would hold once
+        #: the tensors that went are settled (_settle), so that a workload past the card's HBM is
+        #: out of memory in every mode (see _allocate). Each tracked tensor has a weak reference
+        #: in _tracked, to its bytes, whose callback is _gone.append: a C call that queues the
+        #: reference when the tensor goes, settled in batches (and whenever the total would pass
+        #: the capacity). No Python call per tensor: a _HeldMemory (its __init__) and a Python
+        #: callback cost twice as much. All told the tracking costs a default Llama-2-7B run
+        #: about 4 to 6 % more interpreter instructions (callgrind, issue 20).
+        self._live_bytes = 0
+        self._hbm_capacity_bytes = hardware.memory.hbm_capacity_bytes
+        self._tracked: dict[weakref.ref, int] = {}
+        self._gone: list[weakref.ref] = []
+        self._gone_callback = self._gone.append
         self._pending_stall_s = 0.0
         self._pending_allocs = self._pending_retries = self._pending_device_frees = self._pending_device_mallocs = 0
         self._memory_steps: list[StepMemory] = []
@@ -537,7 +556,8 @@ class NPU:
 
         Raises:
             ShapeError: a bad shape or dtype.
-            OutOfMemoryError: the card's HBM cannot hold it even after the cache is freed.
+            OutOfMemoryError: the card's HBM cannot hold it even after the cache is freed
+                (without memory modelling: with the live tensors it would exceed the HBM).
         """
         tensor = Tensor(_check_shape("tensor", shape), _check_dtype("tensor", dtype))
         self._allocate(tensor, charge_last=False)
@@ -739,20 +759,39 @@ class NPU:
 
     def free(self, tensor: Tensor) -> None:
         """Give ``tensor``'s memory back to the caching allocator now (as ``del`` does when the
-        last reference goes). An op that is later given ``tensor`` raises ``ValueError`` (a use
-        after free)."""
+        last reference goes; without memory modelling its bytes leave the live total). An op
+        that is later given ``tensor`` raises ``ValueError`` (a use after free), in either mode."""
         held = self._finalizers.get(id(tensor))
         if held is not None:
             self._release(held)  # the reference, no longer registered, then gives nothing back
             tensor.__dict__["_freed"] = True  # a later op that reads or writes it is a use after free
+        elif self.allocator is None and isinstance(tensor, Tensor):
+            nbytes = self._tracked.pop(weakref.ref(tensor), None)  # equal to the tracking reference
+            if nbytes is not None:
+                self._live_bytes -= nbytes
+                tensor.__dict__["_freed"] = True
 
     # -- memory --------------------------------------------------------------------------------
 
     def _allocate(self, tensor: Tensor, *, charge_last: bool = True) -> Tensor:
         """Give ``tensor`` device memory; free it when the object goes away. A device-visible
         stall (a device malloc, or a failed allocation's synchronise, cache flush and retry)
-        lengthens the op that produced the tensor (``charge_last``) or the next op."""
+        lengthens the op that produced the tensor (``charge_last``) or the next op.
+
+        Without memory modelling the tensor's bytes count in the live total until it goes.
+
+        Raises:
+            OutOfMemoryError: the card's HBM cannot hold it (with memory modelled: as the caching
+                allocator decides; without: the live tensors' bytes would exceed the capacity).
+        """
         if self.allocator is None:
+            nbytes = math.prod(tensor.shape) * DTYPE_BYTES[tensor.dtype]
+            if self._live_bytes + nbytes > self._hbm_capacity_bytes or len(self._gone) > _SETTLE_BATCH:
+                self._settle()
+                if self._live_bytes + nbytes > self._hbm_capacity_bytes:
+                    self._check_capacity(nbytes, self._tensor_what(tensor))
+            self._live_bytes += nbytes
+            self._tracked[weakref.ref(tensor, self._gone_callback)] = nbytes
             return tensor
         handle, event = self.allocator.alloc(tensor.nbytes)
         producer = tensor.producer_index
@@ -805,13 +844,17 @@ class NPU:
         default task queue takes it: a caching-allocator block allocated after the op's outputs,
         right before the kernel is queued, and freed once it is. Its stall (a device malloc, or a
         flush and retry) is charged to the op just emitted."""
-        if self.allocator is None:
-            return
         spec = OpSpec(op_type, tuple(t.shape for t in inputs), dtype, (("fusion", bool(fusion)),))
         size = self._workspace_cache.get(spec)
         if size is None:
             size = self._workspace_cache[spec] = op_workspace_bytes(spec, self.hardware)
         if not size:
+            return
+        if self.allocator is None:  # taken and given back around the kernel
+            if self._live_bytes + size > self._hbm_capacity_bytes:
+                self._settle()
+                record = self._records[-1]
+                self._check_capacity(size, f"the workspace of {record.op_type} {record.name!r} (at {record.source})")
             return
         handle, event = self.allocator.alloc(size)
         self._note_memory(event, "workspace", len(self._records) - 1)
@@ -826,6 +869,64 @@ class NPU:
             return
         del self._finalizers[held.key]
         self._note_memory(self.allocator.free(held.handle))
+
+    def _settle(self) -> None:
+        """Without memory modelling: the bytes of the tracked tensors that went since the last
+        call leave the live total (a reference no longer tracked, of a tensor given back by
+        :meth:`free`, takes nothing)."""
+        tracked, gone = self._tracked, self._gone
+        freed = 0
+        for ref in gone:
+            freed += tracked.pop(ref, 0)
+        gone.clear()
+        self._live_bytes -= freed
+
+    def _tensor_what(self, tensor: Tensor) -> str:
+        """What made ``tensor``, for an out-of-memory message: the op (type, name, call site) or
+        the call of :meth:`tensor` / :meth:`from_numpy`; with its shape and dtype."""
+        index = tensor.producer_index
+        if index is None:
+            made = f"a tensor made at {_call_site()}"
+        else:
+            record = self._records[index]
+            made = f"the output of {record.op_type} {record.name!r} (at {record.source})"
+        return f"{made}, shape {list(tensor.shape)} {tensor.dtype}"
+
+    def _check_capacity(self, nbytes: int, what: str) -> None:
+        """Without memory modelling: raise when ``nbytes`` more (for ``what``) would take the
+        live bytes past the card's HBM capacity.
+
+        Raises:
+            OutOfMemoryError: they would; the message names ``what``, the bytes and the capacity.
+        """
+        live, capacity = self._live_bytes, self._hbm_capacity_bytes
+        if live + nbytes <= capacity:
+            return
+        held = (f"{format_size(live)} ({live} bytes) already held by live tensors and HCCL buffers, "
+                f"{format_size(max(0, capacity - live))} free" if live else "nothing else held")
+        raise OutOfMemoryError(
+            f"NPU out of memory. Tried to allocate {format_size(nbytes)} ({nbytes} bytes) for {what}; "
+            f"{self.hardware.name} has {format_size(capacity)} ({capacity} bytes) of HBM, {held}. Checked "
+            "without memory modelling (memory=False): live tensors only, a lower bound of what the caching "
+            "allocator needs (memory=True models it)",
+            requested_bytes=nbytes)
+
+    def _check_inputs_fit(self, op_type: str, name: str | None, inputs: Sequence[Tensor]) -> None:
+        """An op cannot read an input larger than the card's HBM, wherever the tensor came from
+        (a ``Tensor`` made directly holds no memory of this NPU). Checked once per op spec.
+
+        Raises:
+            OutOfMemoryError: an input is larger than the HBM capacity.
+        """
+        capacity = self._hbm_capacity_bytes
+        for i, t in enumerate(inputs):
+            nbytes = math.prod(t.shape) * DTYPE_BYTES.get(t.dtype, 0)  # an unknown dtype: op_cost says so
+            if nbytes > capacity:
+                raise OutOfMemoryError(
+                    f"NPU out of memory. {op_type} {name or op_type!r} (at {_call_site()}) reads input {i + 1}, "
+                    f"shape {list(t.shape)} {t.dtype}, of {format_size(nbytes)} ({nbytes} bytes); "
+                    f"{self.hardware.name} has {format_size(capacity)} ({capacity} bytes) of HBM",
+                    requested_bytes=nbytes)
 
     def _note_memory(self, event: MemoryEvent, kind: str | None = None, owner: int | str | None = None) -> None:
         """Keep an allocator call for the step's tally and the profile's memory records, as a
@@ -926,6 +1027,7 @@ class NPU:
         spec = OpSpec(op_type, tuple(t.shape for t in inputs), dtype, attr_items)
         cost = self._cost_cache.get(spec)
         if cost is None:
+            self._check_inputs_fit(op_type, name, inputs)
             cost = op_cost(spec, self.hardware)
             self._cost_cache[spec] = cost
         start_s, self._host_s = dispatch(
@@ -1474,13 +1576,19 @@ class NPU:
         memory modelled; the device malloc stalls that first collective). Point-to-point
         communicators are not modelled."""
         size = self.hardware.interconnect.hccl_buffer_bytes
-        if self.allocator is None or len(group) < 2 or not size:
-            return  # without memory modelled a collective pays nothing here
+        if len(group) < 2 or not size:
+            return
         key = frozenset(group)
         if key in self._communicators:
             return
         self._communicators.add(key)
-        event = self.allocator.take_device_memory(size, what=f"the HCCL communicator of ranks {sorted(group)}")
+        what = f"the HCCL communicator of ranks {sorted(group)}"
+        if self.allocator is None:  # without memory modelled a collective pays nothing here
+            self._settle()
+            self._check_capacity(size, what)
+            self._live_bytes += size  # held for the rest of the job
+            return
+        event = self.allocator.take_device_memory(size, what=what)
         self._note_memory(event)
         self._pending_stall_s += event.latency_s
         self._pending_device_mallocs += event.device_mallocs
@@ -1652,15 +1760,19 @@ def run(
         workload: the user function; it calls operators on ``npu``.
         steps: training or inference steps to run (>= 1).
         hardware: a bundled spec name (see :func:`simulator.list_hardware`) or a spec.
-        devices: cards in the job (one is simulated, all ranks alike).
+        devices: cards in the job (one is simulated, all ranks alike): a count HCCL supports on
+            the hardware's servers (1, 2, 4 or 8 cards in one 910 server, or whole servers).
         op_time_scale: fault injection, see :class:`NPU`; an op type the workload never ran
             gives a ``UserWarning`` after the run (one scale may serve a whole suite).
         memory: model device memory: every tensor takes HBM from a model of torch_npu's
             caching allocator (:mod:`simulator.allocator`) when it is made and gives it back
             when the Python object goes; device mallocs and failed allocations stall the op
             that needed the memory, and the profile gets per-step memory statistics. Off by
-            default: it makes the simulation's own run about 2.1 to 2.6 times slower
-            (``benchmarks/bench_memory_steps.py``).
+            default: it makes the simulation's own run about 2 to 2.7 times slower
+            (``benchmarks/bench_memory_steps.py``). Without it the live tensors' bytes are still
+            counted against the card's HBM: a workload they alone do not fit is out of memory
+            too (a lower bound: the caching allocator's rounding, cache and fragmentation are not
+            modelled, so a workload that fails only because of them still passes).
         allocator: the caching allocator's settings (implies ``memory``), as an
             :class:`AllocatorConfig` or a ``PYTORCH_NPU_ALLOC_CONF`` string
             (``"expandable_segments:True"``).
@@ -1677,6 +1789,8 @@ def run(
         ValueError: unknown hardware, ``steps`` < 1, bad ``devices``, ``collection``,
             ``slow_ranks`` or ``degraded_links`` values, or any operator error.
         TypeError: ``slow_ranks`` or ``degraded_links`` is not a dict.
+        OutOfMemoryError: the workload does not fit in the card's HBM (see ``memory``), or an
+            op reads an input larger than the HBM.
     """
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")

@@ -190,7 +190,8 @@ def test_it(oam_profile):
 def test_a_bad_option_is_a_usage_error(pytester: pytest.Pytester, args, ini, message) -> None:
     (pytester.path / "corrupt.json").write_text("{")
     pytester.makeini(f"[pytest]\n{ini}\n")
-    pytester.makepyfile(test_ok="def test_it():\n    pass\n")
+    # a suite that uses the plugin: options are checked at start, ini keys once a test uses it
+    pytester.makepyfile(test_ok="def test_it(oam_profile):\n    pass\n")
     outcome = pytester.runpytest("-p", "no:cacheprovider", *args)
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
     assert message.format(path=pytester.path) in outcome.stderr.str()

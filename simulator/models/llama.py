@@ -18,7 +18,8 @@ Gradient reduction over data parallelism overlaps backward as in Megatron-Core's
 full bucket is reduce-scattered (ZeRO-1) or all-reduced asynchronously on the HCCL stream
 while backward goes on; the optimizer waits for them.
 
-Device memory (when the NPU models it, ``memory=True``) follows a Megatron training loop: the
+Device memory (modelled by the caching allocator with ``memory=True``; without it the NPU still
+counts the live tensors' bytes against the card's HBM) follows a Megatron training loop: the
 fp16 weights, a contiguous gradient buffer (Megatron-Core's ``ParamAndGradBuffer``) and the fp32
 optimizer state (master weights, Adam's two moments; sharded over data parallelism with ZeRO-1)
 are allocated once, at the job's first step, and live for the whole job. Each op's output lives
@@ -190,6 +191,8 @@ def training_step(
         ValueError: ``dtype`` is not one of :data:`TRAINING_DTYPES`, the layout does not match
             ``npu.devices``, does not divide the heads or the
             layers, or the step does not fit in one card's HBM (the message gives both sizes).
+        OutOfMemoryError: the step's tensors do not fit in the card's HBM after all (with
+            ``memory=True`` as the caching allocator finds; without, their bytes alone).
     """
     hw = npu.hardware
     if dtype not in TRAINING_DTYPES:
@@ -219,7 +222,7 @@ def training_step(
         grad_bucket_params = max(40_000_000, 1_000_000 * dp)
     if not isinstance(grad_bucket_params, int) or grad_bucket_params < 1:
         raise ValueError(f"grad_bucket_params must be a positive integer, got {grad_bucket_params!r}")
-    if npu.memory and npu not in _PERSISTENT:
+    if npu not in _PERSISTENT:  # without memory modelling too: they count in the NPU's live bytes
         shard = dp if layout.zero_stage >= 1 else 1
         _PERSISTENT[npu] = _Persistent(npu, _stage_params(config, layout), dtype, shard)
     grads = _GradReducer(npu, layout, dtype, grad_bucket_params if overlap_grad_reduce else None)
@@ -245,8 +248,8 @@ def training_step(
 
 
 class _Persistent:
-    """What lives for the whole job on a memory-modelling card: weights, gradient buffer,
-    optimizer state (see the module docstring). Held per :class:`NPU` in :data:`_PERSISTENT`."""
+    """What lives for the whole job on a card: weights, gradient buffer, optimizer state (see the
+    module docstring). Held per :class:`NPU` in :data:`_PERSISTENT`."""
 
     def __init__(self, npu: NPU, stage_params: int, dtype: str, shard: int) -> None:
         self.weights = npu.tensor((stage_params,), dtype)
@@ -254,7 +257,7 @@ class _Persistent:
         self.optimizer_state = npu.tensor((-(-stage_params // shard) * _MASTER_STATES_PER_PARAM,), "fp32")
 
 
-#: Job-long tensors of each memory-modelling card, created at its first training step.
+#: Job-long tensors of each card, created at its first training step.
 _PERSISTENT: weakref.WeakKeyDictionary[NPU, _Persistent] = weakref.WeakKeyDictionary()
 
 
