@@ -19,7 +19,6 @@ import gzip
 import json
 import math
 import re
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -426,16 +425,19 @@ class ComparisonReport:
         return notes
 
     def to_text(self) -> str:
-        from .report import findings_text, verdict_table
+        """The comparison for a terminal; op names and other text from the files compared are
+        made :func:`~pytest_oam.report.terminal_safe` (no escape sequence, no forged line)."""
+        from .report import findings_text, terminal_safe, verdict_table
 
+        safe = terminal_safe
         lines = [f"status: {self.status}", verdict_table(self.comparison.verdicts)]
-        lines += [f"note: {r}" for r in self.comparison.reasons + self.noise_notes()]
+        lines += [f"note: {safe(r)}" for r in self.comparison.reasons + self.noise_notes()]
         if self.findings:
             lines += ["diagnosis:", findings_text(self.findings)]
         if self.diagnosis:
-            lines += ["rules:"] + [f"  [{d.severity}] {d.rule_id}: {d.op_type}"
-                                   + (f" at {d.location}" if d.location else "") + f": {d.description}\n"
-                                   f"      what to do: {d.fix}" for d in self.diagnosis]
+            lines += ["rules:"] + [f"  [{d.severity}] {safe(d.rule_id)}: {safe(d.op_type)}"
+                                   + (f" at {safe(d.location)}" if d.location else "") + f": {safe(d.description)}\n"
+                                   f"      what to do: {safe(d.fix)}" for d in self.diagnosis]
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -464,14 +466,14 @@ class ComparisonReport:
         return json.dumps(data, indent=2, sort_keys=True, allow_nan=False)
 
     def to_markdown(self) -> str:
-        from .report import findings_markdown, verdict_table
+        """The comparison as GitHub Markdown; text from the files compared is escaped
+        (:func:`~pytest_oam.report.md_text`), so it cannot forge a table row or inject HTML."""
+        from .report import findings_markdown, md_code, md_text, verdict_table
 
         lines = [f"**{self.status}**", "", verdict_table(self.comparison.verdicts, fmt="github")]
-        lines += [f"- note: {r}" for r in self.comparison.reasons + self.noise_notes()]
+        lines += [f"- note: {md_text(r)}" for r in self.comparison.reasons + self.noise_notes()]
         lines += findings_markdown(self.findings)
-        from .report import md_code, md_text
-
-        lines += [f"- **{d.severity}** `{d.rule_id}` {md_text(d.op_type)}"
+        lines += [f"- **{d.severity}** {md_code(d.rule_id)} {md_text(d.op_type)}"
                   + (f" at {md_code(d.location)}" if d.location else "") + f": {md_text(d.description)}\n"
                   f"  - {md_text(d.fix)}" for d in self.diagnosis]
         return "\n".join(lines) + "\n"
@@ -618,15 +620,26 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
             return import_profile(path)
         except ImportError_ as exc:
             raise ProfileFileError(str(exc)) from None
+    from .fileio import DuplicateKeyError, InputFileError, read_input
+
+    duplicates: list[str] = []  # refused in our own formats, tolerated in foreign traces
+
+    def note_duplicates(pairs: list[tuple[str, object]]) -> dict:
+        result = dict(pairs)
+        if len(result) != len(pairs) and not duplicates:
+            seen: set[str] = set()
+            duplicates.extend(key for key, _ in pairs if key in seen or seen.add(key))
+        return result
+
     try:
-        raw = path.read_bytes()
-        compressed = raw[:2] == b"\x1f\x8b"
-        data = json.loads(gzip.decompress(raw) if compressed else raw)
-    except OSError as exc:
-        raise ProfileFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        # regular files only (a named pipe is never opened); at most MAX_INPUT_BYTES decompressed
+        raw, compressed = read_input(path)
+        data = json.loads(raw, object_pairs_hook=note_duplicates)
+    except InputFileError as exc:
+        raise ProfileFileError(f"{path}: {exc.problem}") from None
     except RecursionError:
         raise ProfileFileError(f"{path}: is not a profile, a baseline or a trace: its JSON nests too deeply") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error, UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError) as exc:
         raise ProfileFileError(f"{path}: is not a JSON profile or baseline ({exc})") from None
     if isinstance(data, list) or (isinstance(data, dict) and "traceEvents" in data):
         try:
@@ -644,6 +657,8 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
         return load_baseline(path)
     if not isinstance(data, dict) or "ops" not in data:
         raise ProfileFileError(f"{path}: is neither a profile (no 'ops') nor a baseline file (no 'runs')")
+    if duplicates:
+        raise ProfileFileError(f"{path}: is not a valid profile: it {DuplicateKeyError(duplicates[0])}")
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -22,11 +23,12 @@ from pydantic import (
     PositiveFloat,
     StringConstraints,
     ValidationError,
+    model_validator,
 )
 
 from simulator.profile import LiveMemory
 
-from .fileio import JsonFileError, atomic_write_text, read_json_object
+from .fileio import InputFileError, JsonFileError, atomic_write_text, file_state, read_json_object
 
 SCHEMA_VERSION = 1
 #: How many of the groups that held memory at the allocated peak a baseline keeps (the largest).
@@ -34,27 +36,63 @@ PEAK_LIVE_GROUPS = 200
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 OpType = Annotated[str, StringConstraints(min_length=1)]
 
+# Plausibility bounds: a value past one of them is a damaged or hand-edited file, never a
+# measurement (a baseline with ``time_s: 1e308`` passed every comparison). They are checked by
+# validators, not ``le=``, so that the committed JSON Schemas stay as they are.
+#: Time per step: 1e6 s is 11.6 days; no simulated or profiled step comes near it.
+MAX_STEP_TIME_S = 1e6
+#: Bytes per step (HBM traffic) or held (memory peaks): 2**60 (1 EiB) is what one NPU's HBM
+#: moves in about 11 days at full bandwidth, and a million times its capacity.
+MAX_BYTES = 2**60
+#: Counts per step (calls, DMA transfers, allocations, tokens) and steps per run: 1e12 is a
+#: million a second for MAX_STEP_TIME_S; real and simulated runs count millions per step at most.
+MAX_COUNT = 1e12
+#: FLOP per step: 1e18 FLOP/s (an exascale machine) for MAX_STEP_TIME_S.
+MAX_FLOP = 1e24
+#: Cards in a run: more NPUs than any cluster holds.
+MAX_DEVICES = 2**20
+# Pipe ratios (mac_ratio ...) have no bound: a run with op_time_scale < 1 makes them exceed 1
+# (the op's time shrinks, its pipes' busy time does not), and any bound would be arbitrary.
+
+
+def _at_most(limit: float, unit: str):
+    def check(value):
+        if value is not None and value > limit:
+            raise ValueError(f"{value:g}{unit} is implausible (more than {limit:g}{unit}); the file is damaged "
+                             "or was edited by hand")
+        return value
+
+    return AfterValidator(check)
+
+
+Seconds = Annotated[PositiveFloat, _at_most(MAX_STEP_TIME_S, " s")]
+SecondsOrZero = Annotated[NonNegativeFloat, _at_most(MAX_STEP_TIME_S, " s")]
+Count = Annotated[PositiveFloat, _at_most(MAX_COUNT, "")]
+CountOrZero = Annotated[NonNegativeFloat, _at_most(MAX_COUNT, "")]
+Bytes = Annotated[NonNegativeFloat, _at_most(MAX_BYTES, " bytes")]
+Flop = Annotated[NonNegativeFloat, _at_most(MAX_FLOP, " FLOP")]
+
 
 class OpStats(BaseModel):
     """One op type within one step: total time and counters (median / mean over steps)."""
 
     model_config = _CONFIG
-    time_s: PositiveFloat = Field(description="Time of this op type per step: median over the steps it ran in")
-    mean_time_s: PositiveFloat = Field(description="Time of this op type per step: mean over all steps")
-    p99_time_s: PositiveFloat | None = Field(
+    time_s: Seconds = Field(description="Time of this op type per step: median over the steps it ran in")
+    mean_time_s: Seconds = Field(description="Time of this op type per step: mean over all steps")
+    p99_time_s: Seconds | None = Field(
         default=None, description="99th percentile over the steps it ran in (runs of at least 50 steps)"
     )
-    max_time_s: PositiveFloat | None = Field(default=None, description="Slowest step's time of this op type")
-    count_per_step: PositiveFloat
-    flop: NonNegativeFloat
-    hbm_bytes: NonNegativeFloat
-    dma_count: NonNegativeFloat
+    max_time_s: Seconds | None = Field(default=None, description="Slowest step's time of this op type")
+    count_per_step: Count
+    flop: Flop
+    hbm_bytes: Bytes
+    dma_count: CountOrZero
     mac_ratio: NonNegativeFloat = Field(description="Time-weighted mean over the op's records")
     vec_ratio: NonNegativeFloat
     mte2_ratio: NonNegativeFloat
-    alloc_stall_s: NonNegativeFloat = Field(
+    alloc_stall_s: SecondsOrZero = Field(
         default=0.0, description="Time its calls waited for the caching allocator per step (runs with memory=True)")
-    alloc_count: NonNegativeFloat = Field(
+    alloc_count: CountOrZero = Field(
         default=0.0, description="Allocations that stalled its calls (device mallocs, retries) per step, runs with "
         "memory=True")
     overlap_frac: float | None = Field(
@@ -67,6 +105,15 @@ class PeakHolder(LiveMemory):
 
     model_config = _CONFIG
 
+    @model_validator(mode="after")
+    def _plausible(self) -> PeakHolder:
+        for name, limit, unit in (("size_bytes", MAX_BYTES, " bytes"), ("count", MAX_COUNT, "")):
+            value = getattr(self, name)
+            if value > limit:
+                raise ValueError(f"{name}: {value:g}{unit} is implausible (more than {limit:g}{unit}); the file "
+                                 "is damaged or was edited by hand")
+        return self
+
 
 class RunBaseline(BaseModel):
     """What one profiled run is compared on. Identity: hardware, devices, simulator version,
@@ -74,23 +121,24 @@ class RunBaseline(BaseModel):
 
     model_config = _CONFIG
     hardware: str
-    devices: int = Field(ge=1)
+    devices: Annotated[int, _at_most(MAX_DEVICES, "")] = Field(ge=1)
     simulator_version: str
     workload_fingerprint: str
-    steps: int = Field(ge=1)
-    step_time_s: PositiveFloat = Field(description="Median step time")
-    step_time_mean_s: PositiveFloat = Field(description="Mean step time")
-    step_time_p99_s: PositiveFloat | None = Field(
+    steps: Annotated[int, _at_most(MAX_COUNT, "")] = Field(ge=1)
+    step_time_s: Seconds = Field(description="Median step time")
+    step_time_mean_s: Seconds = Field(description="Mean step time")
+    step_time_p99_s: Seconds | None = Field(
         default=None, description="99th percentile step time (runs of at least 50 steps)"
     )
-    step_time_max_s: PositiveFloat | None = Field(default=None, description="Slowest step")
-    tokens_per_step: int | None = Field(default=None, ge=1)
+    step_time_max_s: Seconds | None = Field(default=None, description="Slowest step")
+    tokens_per_step: Annotated[int, Field(ge=1), _at_most(MAX_COUNT, "")] | None = None
     collection_mode: Literal["offline", "online"] = Field(
         default="offline", description="How the run was collected; online runs carry a per-op overhead")
-    memory_reserved_peak_bytes: int | None = Field(default=None, ge=0, description="Runs with memory=True")
-    memory_allocated_peak_bytes: int | None = Field(default=None, ge=0)
-    alloc_time_s: NonNegativeFloat | None = Field(default=None, description="Allocator time per step, median")
-    alloc_retries_per_step: NonNegativeFloat | None = Field(
+    memory_reserved_peak_bytes: Annotated[int, Field(ge=0), _at_most(MAX_BYTES, " bytes")] | None = Field(
+        default=None, description="Runs with memory=True")
+    memory_allocated_peak_bytes: Annotated[int, Field(ge=0), _at_most(MAX_BYTES, " bytes")] | None = None
+    alloc_time_s: SecondsOrZero | None = Field(default=None, description="Allocator time per step, median")
+    alloc_retries_per_step: CountOrZero | None = Field(
         default=None, description="Allocations that flushed the cache (synchronise, free every unsplit cached "
         "segment) and retried, per step: mean over the steps (torch num_alloc_retries)")
     memory_peak_live: list[PeakHolder] | None = Field(
@@ -167,12 +215,31 @@ def _format_validation(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def baseline_state(path: Path) -> Literal["missing", "present"]:
+    """Whether a baseline file is at ``path`` ("present": a regular file, or a symbolic link to
+    one) or nothing is ("missing": the test has no baseline yet). Nothing is opened or read, so
+    this never blocks; :func:`load_baseline` then reads a "present" one.
+
+    Raises:
+        BaselineError: something that is not a baseline file is there: a symbolic link to a
+            missing file, a folder, a named pipe (FIFO), a socket or a device; or the baseline
+            folder cannot be searched (permission denied). The message names the path.
+    """
+    try:
+        return file_state(Path(path))
+    except InputFileError as exc:
+        raise BaselineError(path, exc.problem) from None
+
+
 def load_baseline(path: Path, nodeid: str | None = None) -> BaselineFile:
     """Read and validate ``path``.
 
     Raises:
-        BaselineError: unreadable, truncated, not JSON, another schema version, NaN or
-            Infinity values, fields that fail validation, or a file made for another test.
+        BaselineError: missing (a symbolic link to a missing file included), not a regular file
+            (a named pipe is never opened), unreadable, truncated, not JSON, a key given twice,
+            another schema version, NaN or Infinity values, implausible values (past
+            :data:`MAX_STEP_TIME_S` and the other bounds), fields that fail validation, or a
+            file made for another test.
     """
     try:
         data = read_json_object(path, "a valid baseline")

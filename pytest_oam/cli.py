@@ -234,6 +234,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print(text: object = "", file=None) -> None:
+    """``print`` for everything the commands write: text from data files (op names, test ids)
+    loses its escape sequences and control characters, so it cannot colour or rewrite the
+    terminal (fields that could forge a line are made one-line where they are formatted)."""
+    from .report import terminal_safe
+
+    print(terminal_safe(text, keep_newlines=True), file=file)
+
+
+def _one_line(text: object) -> str:
+    """A field from a data file on one line, terminal-safe."""
+    from .report import terminal_safe
+
+    return terminal_safe(text)
+
+
 def _refuse_overwrite(path: Path, force: bool) -> None:
     if path.is_dir():  # even with --force: "[Errno 21] Is a directory" named a temporary file (newcomer)
         raise ValueError(f"-o {path}: is a folder; give a file name")
@@ -258,8 +274,8 @@ def _cmd_baseline_create(args: argparse.Namespace) -> int:
     baseline.collect()
     baseline.save(args.output)
     run = baseline.run
-    print(f"wrote {args.output}: {args.model} on {run.hardware} x {run.devices}, {run.steps} steps, "
-          f"{len(run.ops)} op types")
+    _print(f"wrote {args.output}: {args.model} on {run.hardware} x {run.devices}, {run.steps} steps, "
+           f"{len(run.ops)} op types")
     return EXIT_OK
 
 
@@ -271,7 +287,7 @@ def _cmd_baseline_show(args: argparse.Namespace) -> int:
     file = load_any(args.baseline)
     if not isinstance(file, BaselineFile):
         raise ProfileFileError(f"{args.baseline}: is a profile, not a baseline file; 'oam compare' reads profiles")
-    print(file.model_dump_json(indent=2) if args.format == "json" else baseline_text(file, args.format))
+    _print(file.model_dump_json(indent=2) if args.format == "json" else baseline_text(file, args.format))
     return EXIT_OK
 
 
@@ -284,8 +300,8 @@ def _cmd_collect(args: argparse.Namespace) -> int:
                               context_ops=args.context_ops, seq_len=args.seq_len, params=_params(args.param))
     save_profile(profile, args.output)
     kept = f", {len(profile.op_summaries)} summaries" if profile.focus else ""
-    print(f"wrote {args.output}: {profile.hardware} x {profile.devices}, {profile.steps} steps, "
-          f"{len(profile.ops)} op records{kept}")
+    _print(f"wrote {args.output}: {profile.hardware} x {profile.devices}, {profile.steps} steps, "
+           f"{len(profile.ops)} op records{kept}")
     return EXIT_OK
 
 
@@ -315,7 +331,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                               thresholds=per_op,
                               min_delta_s=None if args.min_delta_us is None else _min_delta_s(args.min_delta_us),
                               alpha=args.alpha)
-    print({"text": report.to_text, "json": report.to_json, "markdown": report.to_markdown}[args.format]())
+    _print({"text": report.to_text, "json": report.to_json, "markdown": report.to_markdown}[args.format]())
     return EXIT_FAILED if report.status in FAILING_STATUSES else EXIT_OK
 
 
@@ -331,15 +347,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         check_plot(args.plot, axes, dtypes, args.force)  # before the sweep, not after
     results = run_sweep(args.op, axes, dtypes, args.hardware, attrs)
     if args.format == "json":
-        print(json.dumps([{"shape": m.shape, "dtype": m.dtype, "time_s": m.time_s, "flop": m.flop,
-                           "efficiency_frac": m.efficiency_frac, "findings": m.findings} for m in results], indent=2))
+        _print(json.dumps([{"shape": m.shape, "dtype": m.dtype, "time_s": m.time_s, "flop": m.flop,
+                            "efficiency_frac": m.efficiency_frac, "findings": m.findings} for m in results], indent=2))
     else:
-        print(f"{args.op} on {results[0].hardware}: {len(results)} shapes; the {min(args.top, len(results))} "
-              "least efficient:")
-        print(worst_table(results, args.top, "github" if args.format == "markdown" else "simple"))
+        _print(f"{args.op} on {results[0].hardware}: {len(results)} shapes; the {min(args.top, len(results))} "
+               "least efficient:")
+        _print(worst_table(results, args.top, "github" if args.format == "markdown" else "simple"))
     if args.plot:
         plot_sweep(results, axes, args.plot)
-        print(f"wrote {args.plot.resolve()}", file=sys.stderr if args.format == "json" else sys.stdout)
+        _print(f"wrote {args.plot.resolve()}", file=sys.stderr if args.format == "json" else sys.stdout)
     return EXIT_OK
 
 
@@ -367,35 +383,35 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         except ValueError as exc:  # KnowledgeBaseError, TuneError: print the results all the same
             save_error = f"--save: nothing recorded: {exc}"
     if args.format == "json":
-        print(json.dumps({"best": result.best_params, "best_metrics": None if result.best is None else result.best.metrics,
-                          "default_metrics": result.default.metrics, "improvement_frac": result.improvement_frac,
-                          "unique_evaluations": result.unique_evaluations, "exhaustive": result.exhaustive,
-                          "stopped_early": result.stopped_early, "infeasible": result.infeasible,
-                          "closest": [{"params": t.params, "reason": t.reason} for t in result.closest],
-                          "saved_to": None if saved is None else str(args.save)},
-                         indent=2, default=str))
+        _print(json.dumps({"best": result.best_params, "best_metrics": None if result.best is None else result.best.metrics,
+                           "default_metrics": result.default.metrics, "improvement_frac": result.improvement_frac,
+                           "unique_evaluations": result.unique_evaluations, "exhaustive": result.exhaustive,
+                           "stopped_early": result.stopped_early, "infeasible": result.infeasible,
+                           "closest": [{"params": t.params, "reason": t.reason} for t in result.closest],
+                           "saved_to": None if saved is None else str(args.save)},
+                          indent=2, default=str))
     else:
         how = "exhaustive" if result.exhaustive else "TPE" if result.sampler == "tpe" else result.sampler
         if result.stopped_early:
             how += (f", stopped early: no better configuration in the last {options['patience']} evaluations; "
                     "early_stopping = false in the job uses all of max_iterations")
         infeasible = f", {result.infeasible} infeasible" if result.infeasible else ""
-        print(f"{result.unique_evaluations} configurations evaluated ({how}){infeasible}; target: {target.metric}"
-              + (f" of {target.operator}" if target.operator else "") + (f", {target.constraint}" if target.constraint else ""))
-        print(result_table(result, args.top, "github" if args.format == "markdown" else "simple"))
+        _print(f"{result.unique_evaluations} configurations evaluated ({how}){infeasible}; target: {target.metric}"
+               + (f" of {target.operator}" if target.operator else "") + (f", {target.constraint}" if target.constraint else ""))
+        _print(result_table(result, args.top, "github" if args.format == "markdown" else "simple"))
         if result.best is None:
-            print("no feasible configuration; the closest:")
+            _print("no feasible configuration; the closest:")
             for t in result.closest:
-                print(f"  {t.params}: {t.reason}")
+                _print(f"  {_one_line(t.params)}: {_one_line(t.reason)}")
         elif result.improvement_frac is not None:
-            print(f"best: {result.best_params}, {result.improvement_frac * 100:+.1f}% over the default"
-                  + ("" if result.default.feasible else f" (the default is infeasible: {result.default.reason})"))
+            _print(f"best: {result.best_params}, {result.improvement_frac * 100:+.1f}% over the default"
+                   + ("" if result.default.feasible else f" (the default is infeasible: {result.default.reason})"))
         if saved is not None:
-            print(f"recorded in {args.save}: {saved.describe()}")
+            _print(f"recorded in {args.save}: {saved.describe()}")
         elif args.save is not None and save_error is None:
-            print(f"nothing recorded in {args.save}: no feasible configuration")
+            _print(f"nothing recorded in {args.save}: no feasible configuration")
     if save_error is not None:
-        print(f"oam tune: error: {save_error}", file=sys.stderr)
+        _print(f"oam tune: error: {_one_line(save_error)}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK if result.best is not None else EXIT_FAILED
 
@@ -410,41 +426,42 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.hardware:
         result = what_if(record, args.hardware)
         if args.format == "json":
-            print(json.dumps([{"run": i + 1, "recorded_hardware": old.hardware, "hardware": new.hardware,
-                               "recorded_step_time_s": old.step_time_s, "step_time_s": new.step_time_s,
-                               "op_time_s": {t: new.op_time_s(t) for t in new.op_types}}
-                              for i, (old, new) in enumerate(result.runs)], indent=2))
+            _print(json.dumps([{"run": i + 1, "recorded_hardware": old.hardware, "hardware": new.hardware,
+                                "recorded_step_time_s": old.step_time_s, "step_time_s": new.step_time_s,
+                                "op_time_s": {t: new.op_time_s(t) for t in new.op_types}}
+                               for i, (old, new) in enumerate(result.runs)], indent=2))
             return EXIT_OK
-        print(f"{record.nodeid}: the recorded op sequence simulated on {args.hardware} "
-              f"(simulator {result.runs[0][1].simulator_version}; allocation stalls as recorded)")
-        print(what_if_table(result, "github" if args.format == "markdown" else "simple"))
+        _print(f"{_one_line(record.nodeid)}: the recorded op sequence simulated on {args.hardware} "
+               f"(simulator {result.runs[0][1].simulator_version}; allocation stalls as recorded)")
+        _print(what_if_table(result, "github" if args.format == "markdown" else "simple"))
         return EXIT_OK
     outcome = replay(record)
     if args.format == "json":
-        print(json.dumps({"nodeid": record.nodeid, "test_outcome": record.test_outcome,
-                          "same_as_recorded": outcome.same,
-                          "differences": outcome.differences, "not_replayed_rules": outcome.not_replayed_rules,
-                          "gate": outcome.report.model_dump(mode="json")}, indent=2))
+        _print(json.dumps({"nodeid": record.nodeid, "test_outcome": record.test_outcome,
+                           "same_as_recorded": outcome.same,
+                           "differences": outcome.differences, "not_replayed_rules": outcome.not_replayed_rules,
+                           "gate": outcome.report.model_dump(mode="json")}, indent=2))
     else:
         report = outcome.report
-        print(f"replay of {record.nodeid} (recorded {record.created_utc} with pytest-oam "
-              f"{record.pytest_oam_version}, simulator {record.simulator_version}): gate status {report.status}"
+        _print(f"replay of {_one_line(record.nodeid)} (recorded {_one_line(record.created_utc)} with pytest-oam "
+               f"{_one_line(record.pytest_oam_version)}, simulator {_one_line(record.simulator_version)}): "
+               f"gate status {report.status}"
               + (", the gate FAILED" if report.failed else ", the gate passed")
               + ("; the test itself FAILED" if record.test_outcome == "failed" else ""))
         if outcome.failure_text:
-            print(outcome.failure_text)
+            _print(outcome.failure_text)
         if report.diagnosis:
-            print("oam diagnosis:")
-            print(diagnosis_text(report.diagnosis, indent="    "))
+            _print("oam diagnosis:")
+            _print(diagnosis_text(report.diagnosis, indent="    "))
         if outcome.not_replayed_rules:
-            print("not replayed (rules registered by a plugin): " + ", ".join(outcome.not_replayed_rules))
+            _print("not replayed (rules registered by a plugin): " + _one_line(", ".join(outcome.not_replayed_rules)))
         if outcome.same:
-            print("same verdicts and findings as recorded")
+            _print("same verdicts and findings as recorded")
         else:
-            print("DIFFERS from the recorded result: " + "; ".join(outcome.differences))
+            _print("DIFFERS from the recorded result: " + _one_line("; ".join(outcome.differences)))
         if record.test_outcome == "failed":
-            print("note: the test itself failed when recorded (its own error, not the gate's); "
-                  "the profiles above are what it ran before failing")
+            _print("note: the test itself failed when recorded (its own error, not the gate's); "
+                   "the profiles above are what it ran before failing")
     failed = outcome.report.failed or record.test_outcome == "failed"
     return EXIT_FAILED if failed or not outcome.same else EXIT_OK
 
@@ -464,7 +481,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         raise ProfileFileError(f"{args.profile}: is a baseline file; a trace needs a profile (oam collect)")
     data = dump_chrome_trace(profile, name=str(args.profile)).encode("utf-8")
     atomic_write_bytes(args.output, gzip.compress(data, mtime=0) if args.output.suffix == ".gz" else data)
-    print(f"wrote {args.output}: {len(profile.ops)} ops; open it in https://ui.perfetto.dev")
+    _print(f"wrote {args.output}: {len(profile.ops)} ops; open it in https://ui.perfetto.dev")
     return EXIT_OK
 
 
@@ -474,12 +491,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
     from .api import MODEL_PARAMETERS, known_models
 
-    print("models:   " + ", ".join(known_models()))
-    print("parameters (--param KEY=VALUE):")
+    _print("models:   " + ", ".join(known_models()))
+    _print("parameters (--param KEY=VALUE):")
     for name, (kind, meaning) in sorted(MODEL_PARAMETERS.items()):
-        print(f"  {name} ({kind.__name__}): {meaning}")
-    print("datasets: " + ", ".join(sorted(DATASETS)) + ", none")
-    print("hardware: " + ", ".join(list_hardware()) + " (add ' x N' for N cards, e.g. 'Ascend 910 x 8')")
+        _print(f"  {name} ({kind.__name__}): {meaning}")
+    _print("datasets: " + ", ".join(sorted(DATASETS)) + ", none")
+    _print("hardware: " + ", ".join(list_hardware()) + " (add ' x N' for N cards, e.g. 'Ascend 910 x 8')")
     return EXIT_OK
 
 
@@ -509,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handler(args)
     except (BaselineError, ThresholdError, ValueError, OSError, ImportError) as exc:  # TuneError is a ValueError
-        print(f"oam {args.command}: error: {exc}", file=sys.stderr)
+        _print(f"oam {args.command}: error: {_one_line(exc)}", file=sys.stderr)  # one line, whatever the file held
         return EXIT_USAGE
 
 

@@ -39,6 +39,7 @@ from .report import (
     fmt_time,
     fmt_value,
     memory_site_value,
+    terminal_safe,
     time_unit,
 )
 from .thresholds import MEMORY_ROWS, STEP_ROW
@@ -153,8 +154,8 @@ def _png_uri(fig: Figure) -> str:
 
 def _img(kind: str, uri: str, alt: str, caption: str, run: int | None = None) -> str:
     run_attr = f' data-run="{run}"' if run is not None else ""
-    return (f'<figure><img class="plot" data-plot="{kind}"{run_attr} src="{uri}" alt="{html.escape(alt)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (f'<figure><img class="plot" data-plot="{kind}"{run_attr} src="{uri}" alt="{_e(alt)}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
 
 
 def step_time_plot(test: GateReport, series: Sequence[RunSeries], factor: float) -> str:
@@ -255,7 +256,7 @@ def op_time_plot(verdicts: Sequence[VerdictReport], run: int) -> str | None:
         end = max(v.baseline_s or 0.0, v.current_s or 0.0, (v.baseline_s or 0.0) * (1 + v.limit_frac))
         ax.annotate(note, (end * scale, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8,
                     color=REGRESSED_COLOUR if v.status == "regressed" else "#333", parse_math=False)
-    ax.set_yticks(range(len(rows)), [v.op_type for v in rows], fontsize=8, parse_math=False)
+    ax.set_yticks(range(len(rows)), [terminal_safe(v.op_type) for v in rows], fontsize=8, parse_math=False)
     ax.set_xlabel(f"time per step ({unit})")
     ax.set_xlim(0, peak_s * scale * 1.25)
     ax.grid(axis="x", alpha=0.3)
@@ -322,7 +323,9 @@ def memory_plot(series: RunSeries, run: int) -> str | None:
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value))
+    """Text (often from a data file) for the page: control characters and escape sequences
+    removed (:func:`~pytest_oam.report.terminal_safe`, line breaks kept), HTML as entities."""
+    return html.escape(terminal_safe(value, keep_newlines=True))
 
 
 def _table(headers: Sequence[str], rows: Sequence[tuple[str, Sequence[str]]], numeric: Sequence[int] = ()) -> str:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import csv
 import decimal
-import gzip
 import hashlib
 import io
 import json
@@ -315,16 +314,14 @@ def _busy_s(ops: list[OpRecord]) -> float:
 
 
 def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, decompressed if gzip: regular files only (a named pipe is never opened),
+    at most :data:`pytest_oam.fileio.MAX_INPUT_BYTES` after decompression."""
+    from .fileio import InputFileError, read_input_bytes
+
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ImportError_(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise ImportError_(f"{path}: is not valid gzip ({exc})") from None
-    return raw
+        return read_input_bytes(path)
+    except InputFileError as exc:
+        raise ImportError_(f"{path}: {exc.problem}") from None
 
 
 def _read_text(path: Path) -> str:
@@ -335,8 +332,9 @@ def _read_text(path: Path) -> str:
 
 
 def _read_json(path: Path) -> object:
+    raw = _read_bytes(path)  # its ImportError_ (a ValueError) is not "not valid JSON"
     try:
-        return json.loads(_read_bytes(path))
+        return json.loads(raw)
     except RecursionError:
         raise ImportError_(f"{path}: is not a trace: its JSON nests too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, and int literals past the digit limit

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, StringConstraints, ValidationError
 
-from .fileio import JsonFileError, atomic_write_text, read_json_object
+from .fileio import InputFileError, atomic_write_text, file_state, read_json_object
 
 if TYPE_CHECKING:
     from simulator.profile import Profile
@@ -155,11 +155,13 @@ class KnowledgeBase:
                 that fails validation, or two records with the same key (naming the file).
         """
         path = Path(path)
-        if not path.exists() and missing_ok:
-            return cls(path)
         try:
+            # a symbolic link to a missing file is an error, not an empty knowledge base (saving
+            # would replace the link); a named pipe is never opened
+            if file_state(path) == "missing" and missing_ok:
+                return cls(path)
             data = read_json_object(path, "a knowledge base")
-        except JsonFileError as exc:
+        except InputFileError as exc:  # JsonFileError included
             raise KnowledgeBaseError(path, exc.problem) from None
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:

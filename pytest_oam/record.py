@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -108,23 +107,24 @@ def load_record(path: Path) -> RecordFile:
         RecordError: the file cannot be read, is not gzip or JSON, is not a record, has another
             schema version, or fails validation; the message names the file and the field.
     """
+    from .fileio import DuplicateKeyError, InputFileError, loads_unique, read_input_bytes
+
     try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise RecordError(f"{path}: cannot be read ({exc.strerror})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise RecordError(f"{path}: is a damaged or truncated gzip file ({exc})") from None
+        raw = read_input_bytes(Path(path))  # regular files only; at most MAX_INPUT_BYTES decompressed
+    except InputFileError as exc:
+        raise RecordError(f"{path}: {exc.problem}") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = loads_unique(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise RecordError(f"{path}: is not a record (neither gzip nor UTF-8 JSON)") from None
     except json.JSONDecodeError as exc:
         raise RecordError(f"{path}: is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
     except RecursionError:
         raise RecordError(f"{path}: is not a record: its JSON nests too deeply") from None
+    except DuplicateKeyError as exc:
+        raise RecordError(f"{path}: is not a record: it {exc}") from None
+    except ValueError as exc:  # an integer literal past the interpreter's digit limit
+        raise RecordError(f"{path}: is not a record: {exc}") from None
     if not isinstance(data, dict) or data.get("kind") != RECORD_KIND:
         what = "a baseline file" if isinstance(data, dict) and "runs" in data and "nodeid" in data else "not a record"
         raise RecordError(f"{path}: is {what}; oam replay reads the *.oam.json.gz files that --oam-record writes")
@@ -278,7 +278,7 @@ def what_if_table(result: WhatIf, fmt: str = "simple") -> str:
     step on both hardware, and the ratio."""
     from tabulate import tabulate
 
-    from .report import fmt_time
+    from .report import fmt_time, table_cell
 
     rows = []
     for i, (old, new) in enumerate(result.runs, start=1):
@@ -286,7 +286,8 @@ def what_if_table(result: WhatIf, fmt: str = "simple") -> str:
                      f"{new.step_time_s / old.step_time_s:.2f}x" if old.step_time_s else "-"])
         for op_type in sorted(old.op_types, key=lambda t: -old.op_time_s(t)):
             a, b = old.op_time_s(op_type), new.op_time_s(op_type)
-            rows.append([i, op_type, fmt_time(a), fmt_time(b), f"{b / a:.2f}x" if a else "-"])
-    old_hw = ", ".join(sorted({old.hardware for old, _ in result.runs}))
-    return tabulate(rows, headers=["run", "op type", f"{old_hw} (recorded)", f"{result.hardware} (what-if)",
-                                   "ratio"], tablefmt=fmt, disable_numparse=True)
+            rows.append([i, table_cell(op_type, fmt), fmt_time(a), fmt_time(b), f"{b / a:.2f}x" if a else "-"])
+    old_hw = table_cell(", ".join(sorted({old.hardware for old, _ in result.runs})), fmt)
+    return tabulate(rows, headers=["run", "op type", f"{old_hw} (recorded)",
+                                   f"{table_cell(result.hardware, fmt)} (what-if)", "ratio"],
+                    tablefmt=fmt, disable_numparse=True)

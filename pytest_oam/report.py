@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -216,8 +217,8 @@ def fmt_value(value: float | None, unit: str) -> str:
 def verdict_table(verdicts: Sequence[Verdict | VerdictReport], fmt: str = "simple") -> str:
     """The table of verdicts: op type, baseline, current, change, limit, verdict."""
     rows = [
-        (v.op_type, fmt_value(v.baseline_s, v.unit), fmt_value(v.current_s, v.unit), fmt_frac(v.change_frac, True),
-         fmt_frac(v.limit_frac), _verdict_label(v.status, v.statistic))
+        (table_cell(v.op_type, fmt), fmt_value(v.baseline_s, v.unit), fmt_value(v.current_s, v.unit),
+         fmt_frac(v.change_frac, True), fmt_frac(v.limit_frac), _verdict_label(v.status, v.statistic))
         for v in verdicts
     ]
     return tabulate(rows, headers=("op type", "baseline", "current", "change", "limit", "verdict"),
@@ -233,30 +234,33 @@ def memory_site_value(op_type: str, value: float) -> str:
 def findings_text(findings: list[Finding]) -> str:
     from .thresholds import MEMORY_ROWS
 
+    safe = terminal_safe
     lines = []
     for f in findings:
         if f.op_type in MEMORY_ROWS:  # memory rows have no time of their own
             lines.append(f"[{f.severity}] {f.op_type}")
-            lines.extend(f"    where: {site} ({memory_site_value(f.op_type, value)})" for site, value in f.call_sites)
-            lines.extend(f"    what to do: {tip}" for tip in f.advice)
+            lines.extend(f"    where: {safe(site)} ({memory_site_value(f.op_type, value)})"
+                         for site, value in f.call_sites)
+            lines.extend(f"    what to do: {safe(tip)}" for tip in f.advice)
             continue
         lines.append(
-            f"[{f.severity}] {f.op_type}: +{fmt_time(f.delta_s)} per step "
+            f"[{f.severity}] {safe(f.op_type)}: +{fmt_time(f.delta_s)} per step "
             f"({fmt_frac(f.step_share_frac)} of the baseline step time)"
         )
         if f.kind == "new":
             pass
         elif f.counters:
             moved = ", ".join(
-                f"{c.name} {c.baseline:.4g} -> {c.current:.4g} ({fmt_frac(c.change_frac, True)})" for c in f.counters
+                f"{safe(c.name)} {c.baseline:.4g} -> {c.current:.4g} ({fmt_frac(c.change_frac, True)})"
+                for c in f.counters
             )
             lines.append(f"    counters moved: {moved}")
         else:
             lines.append("    counters moved: none (same work, same traffic)")
         for site, seconds in f.call_sites:
-            lines.append(f"    where: {site} ({fmt_time(seconds)} in the first step)")
+            lines.append(f"    where: {safe(site)} ({fmt_time(seconds)} in the first step)")
         for tip in f.advice:
-            lines.append(f"    what to do: {tip}")
+            lines.append(f"    what to do: {safe(tip)}")
     return "\n".join(lines)
 
 
@@ -267,52 +271,107 @@ def failure_text(
     parts: list[tuple[RunComparison, list[Finding], str, int]],
     notes: list[str],
 ) -> str:
-    """The report of a failed gate: why, then per compared run the verdicts and the diagnosis."""
-    out = [f"oam performance gate: {status.upper()} {nodeid}"]
+    """The report of a failed gate: why, then per compared run the verdicts and the diagnosis
+    (text from data files made :func:`terminal_safe`)."""
+    safe = terminal_safe
+    out = [f"oam performance gate: {status.upper()} {safe(nodeid)}"]
     if baseline_path:
-        out.append(f"baseline: {baseline_path}")
-    out.extend(f"note: {note}" for note in notes)
+        out.append(f"baseline: {safe(baseline_path)}")
+    out.extend(f"note: {safe(note)}" for note in notes)
     for comparison, findings, hardware, devices in parts:
         out.append("")
-        out.append(f"run {comparison.index + 1}: {hardware} x {devices}, status {comparison.status}")
+        out.append(f"run {comparison.index + 1}: {safe(hardware)} x {devices}, status {comparison.status}")
         out.append(verdict_table(comparison.verdicts))
         for reason in comparison.reasons:
-            out.append(f"note: {reason}")
+            out.append(f"note: {safe(reason)}")
         if findings:
             out.append("diagnosis:")
             out.append(findings_text(findings))
     return "\n".join(out)
 
 
+# -- text from data files -------------------------------------------------------------------------
+# Op names, test ids, call sites and messages come from data files (profiler CSVs, traces,
+# baselines, records): a crafted name must not forge a table row or a line, colour the terminal
+# or put HTML into a CI job summary.
+
+#: ANSI escape sequences: CSI (colours, cursor moves: ESC [ ... final byte, or the C1 CSI byte),
+#: OSC (titles, hyperlinks: ESC ] ... BEL or ESC \\) and the two-byte ones (ESC and a final byte).
+_ANSI = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?|\x1b[@-_]?")
+#: Control characters (C0 but tab and newline, DEL, C1), and the Unicode format characters that
+#: reorder or hide text (bidirectional overrides and isolates, marks): a right-to-left override
+#: can make "DESSAP" read as PASSED.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+_LINE_BREAKS = re.compile("\r\n|[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
+def terminal_safe(text: object, *, keep_newlines: bool = False) -> str:
+    """``str(text)`` safe to print on a terminal, one line: ANSI escape sequences removed, line
+    breaks and tabs made spaces, every other control character (C0, DEL, C1) and the Unicode
+    bidirectional and invisible format characters removed. With ``keep_newlines``, line breaks
+    stay (as ``\\n``): for whole texts whose fields are already safe; a field from a data file
+    (op name, test id, message) is made safe with the default, so that it cannot forge a line."""
+    text = _ANSI.sub("", str(text))
+    text = _LINE_BREAKS.sub("\n" if keep_newlines else " ", text).replace("\t", " ")
+    return _CONTROL.sub("", text)
+
+
 def md_text(text: object) -> str:
-    """``text`` safe in GitHub Markdown prose and table cells: no raw HTML, no column breaks."""
+    """``text`` safe in GitHub Markdown prose and table cells: control characters removed
+    (:func:`terminal_safe`), HTML as entities (``<script>`` shows as text), pipes escaped (no
+    column break), backticks as entities (no code span opened), brackets escaped (no link or
+    image), line breaks as ``<br>`` (no new row, heading or list item)."""
     import html
 
-    return html.escape(str(text), quote=False).replace("|", "\\|")
+    text = html.escape(terminal_safe(text, keep_newlines=True), quote=False)
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "&#96;")
+    text = text.replace("[", "\\[").replace("]", "\\]")
+    return text.replace("\n", "<br>")
+
+
+#: What a Markdown code span can hold as it is: no backtick (it would end the span), no line
+#: break, no character that is HTML-escaped elsewhere (a span shows it raw, as a literal).
+_PLAIN_CODE = re.compile(r"[^`<>&\n\r]*")
 
 
 def md_code(text: object, in_table: bool = False) -> str:
-    """``text`` as a Markdown code span (literal); ``in_table``: its pipes escaped, as a GFM table
-    cell needs (outside tables the backslash would show)."""
-    text = str(text).replace("|", "\\|") if in_table else str(text)
-    fence = "``" if "`" in text else "`"
-    return f"{fence} {text} {fence}" if fence == "``" else f"`{text}`"
+    """``text`` as literal code in Markdown: a code span when it holds no backtick, HTML special
+    character or line break; otherwise an HTML ``<code>`` element with those as entities (a
+    backtick could end a span early and let the rest through as HTML). ``in_table``: its pipes
+    escaped, as a GFM table cell needs (the table parser unescapes them inside spans and
+    elements alike; outside tables the backslash would show)."""
+    import html
+
+    text = terminal_safe(text, keep_newlines=True)
+    if _PLAIN_CODE.fullmatch(text):
+        text = text.replace("|", "\\|") if in_table else text
+        return f"`{text}`"
+    text = html.escape(text, quote=False).replace("`", "&#96;").replace("\n", "<br>")
+    # in a table the parser unescapes \| before reading the cell; elsewhere an entity (the
+    # element shows a backslash literally, and no raw pipe is left to look like a row)
+    return f"<code>{text.replace('|', chr(92) + '|' if in_table else '&#124;')}</code>"
+
+
+def table_cell(text: object, fmt: str) -> str:
+    """A table cell from a data file: Markdown-escaped for ``github`` tables, terminal-safe otherwise."""
+    return md_text(text) if fmt == "github" else terminal_safe(text)
 
 
 def summary_table(tests: list[GateReport], fmt: str = "simple") -> str:
+    """One row per profiled run: test, hardware, step time, tokens/s, gate status, top operators.
+    ``github``: Markdown-escaped (:func:`md_code`, :func:`md_text`); otherwise terminal-safe."""
     markdown = fmt == "github"
     rows = []
     for t in tests:
-        nodeid = md_code(t.nodeid, in_table=True) if markdown else t.nodeid
+        nodeid = md_code(t.nodeid, in_table=True) if markdown else terminal_safe(t.nodeid)
         if not t.runs:
             rows.append((nodeid, "-", "-", "-", t.status, "-"))
             continue
         for r in t.runs:
-            top = ", ".join(f"{o.op_type} {fmt_frac(o.share_frac)}" for o in r.top_ops)
-            if markdown:
-                top = md_text(top)
+            top = table_cell(", ".join(f"{o.op_type} {fmt_frac(o.share_frac)}" for o in r.top_ops), fmt)
             label = nodeid if r.index == 0 else f"  run {r.index + 1}"
-            rows.append((label, f"{r.hardware} x{r.devices}", fmt_time(r.step_time_s), fmt_rate(r.tokens_per_s),
+            hardware = f"{table_cell(r.hardware, fmt)} x{r.devices}"
+            rows.append((label, hardware, fmt_time(r.step_time_s), fmt_rate(r.tokens_per_s),
                          r.status if len(t.runs) > 1 else t.status, top))
     return tabulate(rows, headers=("test", "hardware", "step time", "tokens/s", "gate", "top operators"),
                     tablefmt=fmt)
@@ -365,7 +424,7 @@ def load_report(text: str) -> OamReport:
 
 def markdown_report(report: OamReport) -> str:
     """The report as GitHub-flavoured Markdown (for a CI job summary)."""
-    counts = ", ".join(f"{n} {s}" for s, n in sorted(report.status_counts.items()))
+    counts = ", ".join(f"{n} {md_text(s)}" for s, n in sorted(report.status_counts.items()))
     failed = [t for t in report.tests if t.failed]
     lines = [
         "## oam performance gate",
@@ -390,20 +449,22 @@ def markdown_report(report: OamReport) -> str:
             for d in t.diagnosis:
                 where = f" at {md_code(d.location)}" if d.location else ""
                 gain = f"; a fix saves about {fmt_time(d.gain_s)} per step ({fmt_frac(d.step_share_frac)})" if d.gain_s else ""
-                lines.append(f"- **{d.severity}** `{d.rule_id}` {md_text(d.op_type)}{where} ({md_code(t.nodeid)}): "
+                lines.append(f"- **{d.severity}** {md_code(d.rule_id)} {md_text(d.op_type)}{where} ({md_code(t.nodeid)}): "
                              f"{md_text(d.description)}{gain}")
                 lines.append(f"  - {md_text(d.fix)}")
     return "\n".join(lines) + "\n"
 
 
 def diagnosis_text(items: Sequence[DiagnosisReport], indent: str = "") -> str:
-    """Diagnosis findings for the terminal: severity, rule, op, where, evidence, fix, gain."""
+    """Diagnosis findings for the terminal: severity, rule, op, where, evidence, fix, gain (text
+    from data files made :func:`terminal_safe`, one line each)."""
+    safe = terminal_safe
     lines = []
     for d in items:
-        where = f" at {d.location}" if d.location else ""
+        where = f" at {safe(d.location)}" if d.location else ""
         gain = f"; a fix saves about {fmt_time(d.gain_s)} per step ({fmt_frac(d.step_share_frac)})" if d.gain_s else ""
-        lines.append(f"{indent}[{d.severity}] {d.rule_id}: {d.op_type}{where}: {d.description}{gain}")
-        lines.append(f"{indent}    what to do: {d.fix}")
+        lines.append(f"{indent}[{d.severity}] {safe(d.rule_id)}: {safe(d.op_type)}{where}: {safe(d.description)}{gain}")
+        lines.append(f"{indent}    what to do: {safe(d.fix)}")
     return "\n".join(lines)
 
 
@@ -423,15 +484,17 @@ def findings_markdown(findings: Sequence[Finding | FindingReport]) -> list[str]:
 def baseline_text(file: BaselineFile, fmt: str = "text") -> str:
     """A baseline file for people: its labels, then per run the per-op statistics table."""
     table_fmt = "github" if fmt == "markdown" else "simple"
-    labels = [f"nodeid: {file.nodeid}"]
-    labels += [f"{name}: {getattr(file, name)}" for name in ("model", "dataset", "tag") if getattr(file, name)]
+    text = md_text if fmt == "markdown" else terminal_safe
+    labels = [f"nodeid: {text(file.nodeid)}"]
+    labels += [f"{name}: {text(getattr(file, name))}" for name in ("model", "dataset", "tag") if getattr(file, name)]
     out = ["  \n".join(labels) if fmt == "markdown" else "\n".join(labels)]
     for i, run in enumerate(file.runs):
         rate = "" if not run.tokens_per_step else f", {fmt_rate(run.tokens_per_step / run.step_time_s)} tokens/s (job)"
-        out += ["", (f"run {i + 1}: {run.hardware} x {run.devices}, simulator {run.simulator_version}, "
+        out += ["", (f"run {i + 1}: {text(run.hardware)} x {run.devices}, simulator {text(run.simulator_version)}, "
                      f"{run.steps} steps, step time {fmt_time(run.step_time_s)} median{rate}")]
         rows = [
-            (op_type, fmt_time(s.time_s), fmt_frac(s.time_s / run.step_time_s), f"{s.count_per_step:g}",
+            (table_cell(op_type, table_fmt), fmt_time(s.time_s), fmt_frac(s.time_s / run.step_time_s),
+             f"{s.count_per_step:g}",
              f"{s.flop / 1e9:,.1f}", f"{s.hbm_bytes / MiB:,.1f}", f"{s.mac_ratio:.2f}", f"{s.vec_ratio:.2f}",
              f"{s.mte2_ratio:.2f}")
             for op_type, s in sorted(run.ops.items(), key=lambda kv: -kv[1].time_s)

@@ -121,6 +121,15 @@ def _check_hardware(name: str, where: str) -> None:
         raise _usage(f"{where}: unknown hardware {name!r}; known: {', '.join(known)}")
 
 
+def _check_devices(devices: int, hardware: str, where: str) -> None:
+    from simulator.hardware import load_hardware
+
+    try:
+        load_hardware(hardware).interconnect.check_device_count(devices, hardware)
+    except ValueError as exc:
+        raise _usage(f"{where}: {exc}") from None
+
+
 def _check_matplotlib() -> None:
     """An HTML report draws its plots with matplotlib: refuse it at start when it is missing."""
     import importlib.util
@@ -465,6 +474,15 @@ def _arguments_repr(args: tuple, kwargs: dict[str, Any], limit: int = 2000) -> s
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _line(tr, text: str, **markup: bool) -> None:
+    """Write one summary line: test ids, op names and messages come from data files (baselines,
+    real profiler output), so control characters and line breaks are taken out of it (an ANSI
+    escape in an op name must not print a fake green line)."""
+    from .report import terminal_safe
+
+    tr.write_line(terminal_safe(text), **markup)
+
+
 def _test_of(nodeid: str) -> str:
     """A test id without its parameters: ``f.py::C::test_x[1-a]`` -> ``f.py::C::test_x``."""
     head, sep, _ = nodeid.partition("[")
@@ -706,7 +724,10 @@ class OamSession:
         for item in items:
             if item.get_closest_marker("oam") is not None:
                 try:
-                    marker_settings(item)
+                    marker = marker_settings(item)
+                    if marker.devices is not None:  # a count HCCL does not support on that hardware's servers
+                        _check_devices(marker.devices, marker.hardware or self.settings.hardware,
+                                       f"{item.nodeid}: @pytest.mark.oam")
                 except pytest.UsageError as exc:
                     errors[item.nodeid] = str(exc)
         if self.is_worker:
@@ -735,12 +756,18 @@ class OamSession:
             BaselineError: in gate mode without ``--oam-save-baseline``, the test's baseline
                 file exists but cannot be used (the test errors, naming the file).
         """
-        from .baseline import BaselineError, load_baseline
+        from .baseline import BaselineError, baseline_state, load_baseline
 
         baseline = path = error = None
         if self.settings.baseline_dir is not None:
             path = self.baseline_path(item.nodeid, self.settings.baseline_dir)
-            if path.exists():
+            try:  # a dangling symlink, a FIFO, a folder: named, never opened (a FIFO would hang)
+                present = baseline_state(path) == "present"
+            except BaselineError as exc:
+                if self.settings.save_dir is None:
+                    raise
+                present, error = False, str(exc)
+            if present:
                 try:
                     baseline = load_baseline(path, item.nodeid)
                 except BaselineError as exc:
@@ -1060,7 +1087,7 @@ class OamSession:
         tr = terminalreporter
         tr.write_sep("=", "oam performance gate")
         if tests:
-            tr.write_line(summary_table(tests))
+            tr.write_line(summary_table(tests))  # its cells are made safe
         for t in tests:
             if t.status == "regressed":
                 worst = [v for v in t.verdicts if v.status == "regressed"]
@@ -1071,33 +1098,34 @@ class OamSession:
                     + (f"{fmt_value(v.baseline_s, v.unit)} -> {fmt_value(v.current_s, v.unit)} ({v.limit_source})"
                        if v.change_frac is None else
                        f"{v.change_frac * 100:+.1f}% (limit {v.limit_frac * 100:.1f}%)") for v in worst)
-                tr.write_line(f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
+                _line(tr, f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
             elif t.status not in ("pass", "not-gated") or t.message:
                 color = {"red": True, "bold": True} if t.failed else {"yellow": True}
                 prefix = f"FAILED ({t.status})" if t.failed else f"oam: {t.status}"
-                tr.write_line(f"{prefix} {t.nodeid}" + (f": {t.message}" if t.message else ""), **color)
+                _line(tr, f"{prefix} {t.nodeid}" + (f": {t.message}" if t.message else ""), **color)
                 for run in t.runs:
                     for reason in run.reasons:
-                        tr.write_line(f"    {reason}", **color)
+                        _line(tr, f"    {reason}", **color)
         diagnosed = [t for t in tests if t.diagnosis]
         if diagnosed:
             from .report import diagnosis_text
 
             tr.write_sep("-", "oam diagnosis")
             for t in diagnosed:
-                tr.write_line(t.nodeid)
-                tr.write_line(diagnosis_text(t.diagnosis, indent="    "))
+                _line(tr, t.nodeid)
+                tr.write_line(diagnosis_text(t.diagnosis, indent="    "))  # so are its fields
         if self.written:
             folder = self.settings.save_dir
             noun = "baseline" if len(self.written) == 1 else "baselines"
-            tr.write_line(f"oam: wrote {len(self.written)} {noun} to {self._display(folder)}")
+            _line(tr, f"oam: wrote {len(self.written)} {noun} to {self._display(folder)}")
             if self.config.get_verbosity() > 0:
                 for path in self.written:
-                    tr.write_line(f"    {path}")
+                    _line(tr, f"    {path}")
         patterns = {**self.settings.ini_thresholds, **self.settings.cli_thresholds}
         unmatched = sorted(p for p in patterns if not any(fnmatchcase(o, p) for o in self.op_types_seen))
         if unmatched:
-            tr.write_line(
+            _line(
+                tr,
                 "oam: thresholds match no op type of this run: " + ", ".join(unmatched)
                 + " (op types are case-sensitive: " + ", ".join(sorted(self.op_types_seen)) + ")",
                 yellow=True,
@@ -1106,7 +1134,8 @@ class OamSession:
         operators = sorted(self.op_types_seen - {STEP_ROW, *MEMORY_ROWS})  # the gate's rows that are operators
         unmatched = sorted(p for p in tuned if not any(fnmatchcase(o, p) for o in operators))
         if unmatched and operators:
-            tr.write_line(
+            _line(
+                tr,
                 "oam: tuned limits match no op type of this run, nothing was checked against them: "
                 + ", ".join(unmatched) + " (op types are case-sensitive: " + ", ".join(operators) + ")",
                 yellow=True,
@@ -1114,31 +1143,31 @@ class OamSession:
         if self.recorded:
             noun = "test" if len(self.recorded) == 1 else "tests"
             folder = self._display(self.settings.record_dir)
-            tr.write_line(f"oam: recorded {len(self.recorded)} {noun} in {folder} (replay: oam replay "
+            _line(tr, f"oam: recorded {len(self.recorded)} {noun} in {folder} (replay: oam replay "
                           f"{self.recorded[0]})")
             if self.config.get_verbosity() > 0:
                 for path in self.recorded[1:]:
-                    tr.write_line(f"    {path}")
+                    _line(tr, f"    {path}")
         for err in self.save_errors:
-            tr.write_line(f"oam: {err}", red=True)
+            _line(tr, f"oam: {err}", red=True)
         for line in self.pruned:
-            tr.write_line(f"oam: pruned stale baseline {line}")
+            _line(tr, f"oam: pruned stale baseline {line}")
         if self.prune_refused:
-            tr.write_line(f"oam: {self.prune_refused}", yellow=True)
+            _line(tr, f"oam: {self.prune_refused}", yellow=True)
         if self.prune_kept:
             n = len(self.prune_kept)
-            tr.write_line(f"oam: --oam-prune kept {n} baseline {'file' if n == 1 else 'files'} of tests this run did "
+            _line(tr, f"oam: --oam-prune kept {n} baseline {'file' if n == 1 else 'files'} of tests this run did "
                           "not collect but that may still exist (their file is there and was not collected, or "
                           "their test function still is: collect_ignore, a parameter of another machine?):",
                           yellow=True)
             for line in self.prune_kept:
-                tr.write_line(f"    {line}", yellow=True)
+                _line(tr, f"    {line}", yellow=True)
         if self.unused_baselines:
             n = len(self.unused_baselines)
-            tr.write_line(f"oam: {n} baseline {'file' if n == 1 else 'files'} of tests this run did not collect "
+            _line(tr, f"oam: {n} baseline {'file' if n == 1 else 'files'} of tests this run did not collect "
                           "(renamed, moved or deleted? --oam-save-baseline --oam-prune deletes them):", yellow=True)
             for line in self.unused_baselines:
-                tr.write_line(f"    {line}", yellow=True)
+                _line(tr, f"    {line}", yellow=True)
         folder = self.settings.baseline_dir
         if (folder is not None and self.settings.save_dir is None and not folder.is_dir()
                 and any(t.status == "no-baseline" for t in tests)):
@@ -1147,13 +1176,13 @@ class OamSession:
             where = (f"relative to the ini file {self.config.inipath}" if self.config.inipath else
                      f"without an ini file, relative to the rootdir {self.config.rootpath}, which depends on where "
                      "pytest runs: a pytest.ini in the project fixes it")
-            tr.write_line(f"oam: no baseline folder {folder} ({where}): no test was compared; --oam-save-baseline "
+            _line(tr, f"oam: no baseline folder {folder} ({where}): no test was compared; --oam-save-baseline "
                           "creates it", yellow=True)
         for path in self.settings.report_paths:
             if path not in self.report_errors:
-                tr.write_line(f"oam: wrote report {self._display(path)}")
+                _line(tr, f"oam: wrote report {self._display(path)}")
         for error in self.report_errors.values():
-            tr.write_line(f"oam: {error}", red=True)
+            _line(tr, f"oam: {error}", red=True)
 
     def _tuned_summary(self, tr) -> None:
         """Tuned checks skipped for want of a record, in test order: visible, never silent."""
@@ -1161,9 +1190,9 @@ class OamSession:
             return
         tr.write_sep("-", "oam tuned check")
         for nodeid in sorted(self.tuned_notes, key=lambda n: self.order.get(n, len(self.order))):
-            tr.write_line(f"oam: tuned check skipped in {nodeid} (--oam-strict fails it):", yellow=True)
+            _line(tr, f"oam: tuned check skipped in {nodeid} (--oam-strict fails it):", yellow=True)
             for note in self.tuned_notes[nodeid]:
-                tr.write_line(f"    {note}", yellow=True)
+                _line(tr, f"    {note}", yellow=True)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.is_worker or self.unusable():

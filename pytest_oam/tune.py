@@ -752,25 +752,35 @@ def _plain(value):
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (its first line, or its repr when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)
+
+
 def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
     """Read a tuning job file and resolve its workload.
 
     Raises:
-        TuneError: unreadable, not TOML/JSON, fields that fail validation, a bad space entry,
-            or a workload that cannot be imported (each naming the file).
+        TuneError: unreadable (or not a regular file), not TOML/JSON, fields that fail
+            validation, a bad space entry, or a workload module that cannot be imported, has a
+            syntax error or raises when imported (each naming the file and the module).
     """
     import importlib
-    import json as _json
     import sys
     from pathlib import Path
 
     from pydantic import ValidationError
 
+    from .fileio import InputFileError, loads_unique, read_input_bytes
+
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TuneError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        text = read_input_bytes(path, gunzip=False).decode("utf-8")  # a named pipe is never opened
+    except InputFileError as exc:
+        raise TuneError(f"{path}: {exc.problem}") from None
+    except UnicodeDecodeError:
+        raise TuneError(f"{path}: is not UTF-8 text") from None
     try:
         if path.suffix.lower() == ".toml":
             try:
@@ -779,9 +789,11 @@ def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
                 raise TuneError(f"{path}: TOML job files need Python 3.11; write the job as JSON") from None
             data = tomllib.loads(text)
         else:
-            data = _json.loads(text)
+            data = loads_unique(text)  # a key given twice is refused, as TOML does
     except ValueError as exc:
         raise TuneError(f"{path}: is not valid {'TOML' if path.suffix.lower() == '.toml' else 'JSON'}: {exc}") from None
+    except RecursionError:
+        raise TuneError(f"{path}: is not a job file: it nests too deeply") from None
     try:
         job = _job_model().model_validate(data)
     except ValidationError as exc:
@@ -794,16 +806,30 @@ def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
         except TuneError as exc:  # named with the file, like every job error
             raise TuneError(f"{path}: space.{name}: {exc}") from None
     module_name, sep, function_name = job.workload.partition(":")
-    if not sep:
-        raise TuneError(f"{path}: workload {job.workload!r} must be module:function")
-    sys.path.insert(0, str(path.resolve().parent))
+    if not sep or not all(part.isidentifier() for part in module_name.split(".")):
+        raise TuneError(f"{path}: workload {job.workload!r} must be module:function (a Python module name, "
+                        "importable from the job file's folder)")
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
     try:
         module = importlib.import_module(module_name)
+        workload = getattr(module, function_name, None)
     except ImportError as exc:
-        raise TuneError(f"{path}: workload module {module_name!r} cannot be imported: {exc}") from None
+        raise TuneError(f"{path}: workload module {module_name!r} cannot be imported: {_one_line(exc)}") from None
+    except SyntaxError as exc:  # IndentationError and TabError too
+        where = f" ({exc.filename}, line {exc.lineno})" if exc.filename else ""
+        raise TuneError(f"{path}: workload module {module_name!r} has a syntax error: {exc.msg}{where}; "
+                        "fix the module") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the module's own code failed as it ran at import (SystemExit too)
+        raise TuneError(f"{path}: workload module {module_name!r} raised {type(exc).__name__} when imported: "
+                        f"{_one_line(exc)}; fix the module (run: python -c 'import {module_name}')") from None
     finally:
-        sys.path.pop(0)
-    workload = getattr(module, function_name, None)
+        try:
+            sys.path.remove(folder)  # not pop(0): the module may have changed sys.path
+        except ValueError:
+            pass
     if not callable(workload):
         raise TuneError(f"{path}: {module_name} has no function {function_name!r}")
     try:
@@ -826,7 +852,9 @@ def result_table(result: TuneResult, top: int = 5, fmt: str = "simple") -> str:
     def shown(value: float) -> str:
         return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
-    rows = [(i + 1, ", ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in t.params.items()),
+    from .report import table_cell
+
+    rows = [(i + 1, table_cell(", ".join(f"{k}={v!r}" if v == "" else f"{k}={v}" for k, v in t.params.items()), fmt),
              shown(t.metrics[metric]))
             for i, t in enumerate(feasible)]
     if result.default.metrics.get(metric) is not None:

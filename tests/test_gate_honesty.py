@@ -276,3 +276,36 @@ def test_fixture_requested_at_run_time_still_gates(pytester) -> None:
     result.assert_outcomes(passed=1)
     assert json.loads((pytester.path / "r.json").read_text())["tests"][0]["status"] == "pass"
     assert os.listdir(pytester.path / "baselines") == [baseline_filename("test_x.py::test_x")]
+
+
+def test_a_marker_with_a_card_count_hccl_does_not_support_stops_the_run_before_any_test(pytester) -> None:
+    pytester.makepyfile(test_x=(
+        "import pytest\n\n@pytest.mark.oam(devices=3)\ndef test_x(oam_profile):\n    pass\n\n"
+        "@pytest.mark.oam(devices=16, hardware='ascend910b')\ndef test_y(oam_profile):\n    pass\n"))
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # before the fix: test_x failed when it ran
+    result.stderr.fnmatch_lines(["ERROR: test_x.py::test_x: @pytest.mark.oam: devices=3: HCCL on an ascend910 "
+                                 "server (8 cards) supports 1, 2, 4 or 8 cards in one server, or a multiple of 8 "
+                                 "across servers"])
+    assert "test_y" not in result.stderr.str()
+
+
+def test_names_from_a_baseline_cannot_forge_terminal_or_markdown_output(pytester) -> None:
+    pytester.makepyfile(test_x=(
+        "def mm(npu):\n    npu.matmul(npu.tensor((64, 64)), npu.tensor((64, 64)))\n\n"
+        "def test_x(oam_profile):\n    oam_profile.run(mm)\n"))
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    path = pytester.path / "baselines" / baseline_filename("test_x.py::test_x")
+    data = json.loads(path.read_text())
+    crafted = "Softmax\x1b[32m PASSED\x1b[0m\r\n| forged | row |<script>alert(1)</script>"
+    data["runs"][0]["ops"][crafted] = data["runs"][0]["ops"]["MatMul"]
+    path.write_text(json.dumps(data))
+    result = pytester.runpytest("--oam-baseline", "--oam-report=r.md")
+    result.assert_outcomes(passed=1)  # missing-ops: an op type of the baseline is gone
+    out = result.stdout.str()
+    assert "\x1b" not in out and "\r" not in out  # before the fix: the escape reached the terminal
+    assert not any(line.startswith("| forged") for line in out.splitlines())
+    assert "not in this run: Softmax PASSED | forged | row |<script>alert(1)</script>" in out  # shown, on one line
+    md = (pytester.path / "r.md").read_text()
+    assert "<script>" not in md and "\x1b" not in md
+    assert not any(line.startswith("| forged") for line in md.splitlines())
