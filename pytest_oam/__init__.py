@@ -23,11 +23,11 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name in _TUNE:
-        from . import tune
+        from .tuning import search
 
-        return getattr(tune, name)
+        return getattr(search, name)
     if name in _KNOWLEDGE_BASE:
-        from . import knowledge_base
+        from .tuning import knowledge_base
 
         return getattr(knowledge_base, name)
     raise AttributeError(f"module 'pytest_oam' has no attribute {name!r}")

@@ -27,9 +27,18 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from simulator.profile import Profile
+from simulator.units import MS_PER_S
 
-from .baseline import BaselineFile, CollectionSettings, RunBaseline, load_baseline, save_baseline
-from .compare import (
+from .files.baseline import (
+    BaselineFile,
+    CollectionSettings,
+    RunBaseline,
+    load_baseline,
+    save_baseline,
+)
+from .files.fileio import atomic_write_bytes, atomic_write_text
+from .format import fmt_percent, fmt_us
+from .judge.compare import (
     SIGNIFICANCE_ALPHA,
     RunComparison,
     Verdict,
@@ -38,9 +47,8 @@ from .compare import (
     compare_run,
     summarize,
 )
-from .diagnosis import Finding, PeakMemory, diagnose
-from .fileio import atomic_write_bytes, atomic_write_text
-from .thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
+from .judge.explain import Finding, PeakMemory, diagnose
+from .judge.thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
 
 #: Steps a profile collects by default (each draws its sequence length from the dataset).
 DEFAULT_STEPS = 4
@@ -400,7 +408,9 @@ class ComparisonReport:
         """Regressed rows measured in time: op types, ``step`` and ``alloc_time``. Peak memory
         and cache flushes are in :attr:`memory_regressions`."""
         return [
-            Regression(v.op_type, v.baseline_s * 1e3, v.current_s * 1e3, v.current_s / v.baseline_s, v.limit_frac)
+            # not display: Regression's fields are milliseconds (its public API)
+            Regression(v.op_type, v.baseline_s * MS_PER_S, v.current_s * MS_PER_S, v.current_s / v.baseline_s,
+                       v.limit_frac)
             for v in self.comparison.verdicts
             if v.status == "regressed" and v.unit == "s"
         ]
@@ -417,17 +427,19 @@ class ComparisonReport:
         weak = [v for v in self.comparison.verdicts if v.status == "not-significant"]
         if weak:
             notes.append("above the limit but not significant (per-step samples, one-sided Mann-Whitney U): "
-                         + ", ".join(f"{v.op_type} {v.change_frac * 100:+.1f}% ({v.statistic})" for v in weak))
+                         + ", ".join(f"{v.op_type} {fmt_percent(v.change_frac, 1, signed=True)} ({v.statistic})"
+                                     for v in weak))
         tiny = [v for v in self.comparison.verdicts if v.status == "insignificant"]
         if tiny:
             notes.append("above the limit but below the minimum time that counts: "
-                         + ", ".join(f"{v.op_type} {(v.current_s - v.baseline_s) * 1e6:+.1f} us" for v in tiny))
+                         + ", ".join(f"{v.op_type} {fmt_us(v.current_s - v.baseline_s, signed=True)}" for v in tiny))
         return notes
 
     def to_text(self) -> str:
         """The comparison for a terminal; op names and other text from the files compared are
         made :func:`~pytest_oam.report.terminal_safe` (no escape sequence, no forged line)."""
-        from .report import findings_text, terminal_safe, verdict_table
+        from .format import terminal_safe
+        from .report.text import findings_text, verdict_table
 
         safe = terminal_safe
         lines = [f"status: {self.status}", verdict_table(self.comparison.verdicts)]
@@ -468,7 +480,8 @@ class ComparisonReport:
     def to_markdown(self) -> str:
         """The comparison as GitHub Markdown; text from the files compared is escaped
         (:func:`~pytest_oam.report.md_text`), so it cannot forge a table row or inject HTML."""
-        from .report import findings_markdown, md_code, md_text, verdict_table
+        from .format import md_code, md_text
+        from .report.text import findings_markdown, verdict_table
 
         lines = [f"**{self.status}**", "", verdict_table(self.comparison.verdicts, fmt="github")]
         lines += [f"- note: {md_text(r)}" for r in self.comparison.reasons + self.noise_notes()]
@@ -567,7 +580,7 @@ def compare_profiles(
     if current_profile is not None:
         from simulator.hardware import list_hardware, load_hardware
 
-        from .rules import run_rules
+        from .judge.rules import run_rules
 
         spec = load_hardware(current_profile.hardware) if current_profile.hardware in list_hardware() else None
         rules = run_rules(current_profile, spec)
@@ -612,7 +625,7 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
         ProfileFileError: unreadable, not gzip/JSON, or neither a profile nor a baseline.
         BaselineError: a baseline file that fails validation.
     """
-    from .importers import ImportError_, import_chrome_trace, import_profile
+    from .files.importers import ImportError_, import_chrome_trace, import_profile
 
     path = Path(path)
     if path.is_dir() or path.suffix.lower() == ".csv":
@@ -620,7 +633,7 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
             return import_profile(path)
         except ImportError_ as exc:
             raise ProfileFileError(str(exc)) from None
-    from .fileio import DuplicateKeyError, InputFileError, read_input
+    from .files.fileio import DuplicateKeyError, InputFileError, read_input
 
     duplicates: list[str] = []  # refused in our own formats, tolerated in foreign traces
 

@@ -21,7 +21,6 @@ from . import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Comparison statuses for which ``oam compare`` exits with EXIT_FAILED.
-FAILING_STATUSES = ("regressed", "missing-ops", "incomparable")
 
 _EPILOG = """\
 examples:
@@ -32,7 +31,7 @@ examples:
   oam validate                     # the simulator against published Ascend figures
 
 exit codes: 0 nothing regressed, 1 the comparison (or a validation case) failed, 2 bad usage or input.
-docs: README.md, section "Outside pytest"."""
+docs: docs/cli.md (the oam command), docs/api.md (the Python API)."""
 
 
 def _add_collect_options(parser: argparse.ArgumentParser) -> None:
@@ -200,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser(
         "tune", help="run a tuning job file and print the best configurations",
         description="Run the tuning job in JOB (TOML or JSON: workload = \"module:function\", operator, metric, "
-                    "constraint, max_iterations, seed, hardware, sampler, [space], [fixed]; see the README) and print "
+                    "constraint, max_iterations, seed, hardware, sampler, [space], [fixed]; see docs/tuning.md) and print "
                     "the best configurations and the improvement over the default; exit 1 if none is feasible. "
                     "--save records the tuned configuration in a knowledge base file.")
     tune.add_argument("job", type=Path, metavar="JOB")
@@ -238,14 +237,14 @@ def _print(text: object = "", file=None) -> None:
     """``print`` for everything the commands write: text from data files (op names, test ids)
     loses its escape sequences and control characters, so it cannot colour or rewrite the
     terminal (fields that could forge a line are made one-line where they are formatted)."""
-    from .report import terminal_safe
+    from .format import terminal_safe
 
     print(terminal_safe(text, keep_newlines=True), file=file)
 
 
 def _one_line(text: object) -> str:
     """A field from a data file on one line, terminal-safe."""
-    from .report import terminal_safe
+    from .format import terminal_safe
 
     return terminal_safe(text)
 
@@ -281,8 +280,8 @@ def _cmd_baseline_create(args: argparse.Namespace) -> int:
 
 def _cmd_baseline_show(args: argparse.Namespace) -> int:
     from .api import ProfileFileError, load_any
-    from .baseline import BaselineFile
-    from .report import baseline_text
+    from .files.baseline import BaselineFile
+    from .report.text import baseline_text
 
     file = load_any(args.baseline)
     if not isinstance(file, BaselineFile):
@@ -306,15 +305,17 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _min_delta_s(min_delta_us: float) -> float:
+    from simulator.units import S_PER_US
+
     if not min_delta_us >= 0 or min_delta_us == float("inf"):
         raise ValueError(f"--min-delta-us must be a finite number >= 0, got {min_delta_us:g}")
-    return min_delta_us * 1e-6
+    return min_delta_us * S_PER_US  # not display: the option's microseconds into seconds
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .api import compare_profiles, load_any
-    from .compare import check_alpha
-    from .thresholds import parse_entry
+    from .judge.compare import check_alpha
+    from .judge.thresholds import parse_entry
 
     try:
         check_alpha(args.alpha)
@@ -332,13 +333,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                               min_delta_s=None if args.min_delta_us is None else _min_delta_s(args.min_delta_us),
                               alpha=args.alpha)
     _print({"text": report.to_text, "json": report.to_json, "markdown": report.to_markdown}[args.format]())
-    return EXIT_FAILED if report.status in FAILING_STATUSES else EXIT_OK
+    from .judge.status import GateStatus
+
+    # regressed, missing-ops and incomparable fail (no-baseline cannot happen here)
+    return EXIT_FAILED if GateStatus(report.status).fails(strict=True) else EXIT_OK
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     import json
 
-    from .sweep import check_attrs, check_plot, parse_axes, plot_sweep, run_sweep, worst_table
+    from .properties.perf import check_attrs
+    from .properties.sweep import (
+        check_plot,
+        parse_axes,
+        plot_sweep,
+        run_sweep,
+        worst_table,
+    )
 
     axes = parse_axes(args.op, args.axis)
     dtypes = list(dict.fromkeys(args.dtype or ["fp16"]))
@@ -362,13 +373,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     import json
 
-    from .tune import auto_tune, load_job, result_table
+    from .format import fmt_percent
+    from .tuning.search import auto_tune, load_job, result_table
 
     options, target, space, workload = load_job(args.job)
     if args.replace and args.save is None:
         raise ValueError("--replace: replaces a knowledge base record only together with --save PATH")
     if args.save is not None:
-        from .knowledge_base import KnowledgeBase
+        from .tuning.knowledge_base import KnowledgeBase
 
         if target.operator is None:
             raise ValueError(f"--save: {args.job} tunes the whole step; the knowledge base records an operator's "
@@ -404,7 +416,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             for t in result.closest:
                 _print(f"  {_one_line(t.params)}: {_one_line(t.reason)}")
         elif result.improvement_frac is not None:
-            _print(f"best: {result.best_params}, {result.improvement_frac * 100:+.1f}% over the default"
+            improvement = fmt_percent(result.improvement_frac, 1, signed=True)
+            _print(f"best: {result.best_params}, {improvement} over the default"
                    + ("" if result.default.feasible else f" (the default is infeasible: {result.default.reason})"))
         if saved is not None:
             _print(f"recorded in {args.save}: {saved.describe()}")
@@ -419,8 +432,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import json
 
-    from .record import load_record, replay, what_if, what_if_table
-    from .report import diagnosis_text
+    from .gate.record import load_record, replay, what_if, what_if_table
+    from .report.text import diagnosis_text
 
     record = load_record(args.record)
     if args.hardware:
@@ -472,8 +485,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     from simulator.profile import Profile
 
     from .api import ProfileFileError, load_any
-    from .fileio import atomic_write_bytes
-    from .trace import dump_chrome_trace
+    from .files.fileio import atomic_write_bytes
+    from .report.trace import dump_chrome_trace
 
     _refuse_overwrite(args.output, args.force)
     profile = load_any(args.profile)
@@ -502,8 +515,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``oam`` command; returns the exit code."""
-    from .baseline import BaselineError
-    from .thresholds import ThresholdError
+    from .files.baseline import BaselineError
+    from .judge.thresholds import ThresholdError
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -239,7 +239,7 @@ def oam_profile(request: pytest.FixtureRequest):
     (``simulator.register_op_callback``) and leaves registered are removed when it ends: one
     left behind ran in every later test (and made their runs online).
     """
-    from .session import check_simulator_module
+    from .settings import check_simulator_module
 
     check_simulator_module()  # before any import of it: another module named simulator may come first
     session = activate(request.config)

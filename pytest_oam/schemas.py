@@ -14,10 +14,10 @@ def schemas() -> dict[str, dict]:
     """File name -> JSON Schema of each versioned file format."""
     from simulator.profile import Profile
 
-    from .baseline import BaselineFile
-    from .knowledge_base import KnowledgeBaseFile
-    from .record import RecordFile
-    from .report import OamReport
+    from .files.baseline import BaselineFile
+    from .gate.record import RecordFile
+    from .report.model import OamReport
+    from .tuning.knowledge_base import KnowledgeBaseFile
 
     return {
         "baseline.v1.schema.json": BaselineFile.model_json_schema(),

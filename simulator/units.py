@@ -14,6 +14,10 @@ TERA = 1e12
 
 US_PER_S = 1e6
 MS_PER_S = 1e3
+#: Their inverses, to convert a file's milliseconds or microseconds to seconds by multiplying:
+#: ``x * S_PER_US`` is bit for bit ``x * 1e-6``, where ``x / US_PER_S`` can differ in the last bit.
+S_PER_MS = 1e-3
+S_PER_US = 1e-6
 
 #: Bytes per element of each dtype name the simulator accepts. These are IEEE / standard
 #: storage sizes, not hardware figures.

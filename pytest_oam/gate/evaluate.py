@@ -1,0 +1,241 @@
+"""The gate of one test as a pure function: profiles + baseline + settings -> verdicts, findings.
+
+The plugin calls :func:`evaluate_gate` after each profiled test; ``oam replay`` calls it again
+on a recorded test (:mod:`pytest_oam.record`), offline, and gets the same result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simulator.hardware import HardwareSpec
+    from simulator.profile import Profile
+
+    from ..files.baseline import BaselineFile
+
+TOP_OPS = 3
+
+
+def gate_fails(status: str, compared_nothing: bool, strict: bool, fail_on_improvement: bool) -> bool:
+    """Does a test with this gate status fail? (:meth:`GateStatus.fails`; a test where nothing
+    could be compared fails whatever its status.)"""
+    from ..judge.status import GateStatus
+
+    return compared_nothing or GateStatus(status).fails(strict=strict, fail_on_improvement=fail_on_improvement)
+
+
+@dataclass(frozen=True)
+class GateInputs:
+    """Everything about one test's gate that is not a profile or the baseline (JSON-able).
+
+    ``gating``: compared with a baseline (``--oam-baseline``); ``saving``: ``--oam-save-baseline``.
+    Thresholds are fractions by op type or glob, from the marker, the command line and the ini
+    file (closest first). ``baseline_path`` is shown as given; ``invocation_dir`` is the folder
+    call sites are shown relative to; ``root_dir`` (the pytest rootdir) the one a baseline keeps
+    them relative to.
+    """
+
+    nodeid: str
+    gating: bool
+    saving: bool = False
+    marker_thresholds: dict[str, float] = field(default_factory=dict)
+    cli_thresholds: dict[str, float] = field(default_factory=dict)
+    ini_thresholds: dict[str, float] = field(default_factory=dict)
+    strict: bool = False
+    fail_on_improvement: bool = False
+    disabled_rules: tuple[str, ...] = ()
+    rule_thresholds: dict[str, dict[str, float]] = field(default_factory=dict)
+    baseline_path: str | None = None
+    baseline_error: str | None = None
+    invocation_dir: str | None = None
+    root_dir: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["disabled_rules"] = list(self.disabled_rules)
+        return data
+
+
+def display_site(site: str, invocation_dir: str | None) -> str:
+    """A ``file:line`` call site (or ``file:line (in file:line)``, an op a library builder
+    issued for the user's call) with each file relative to ``invocation_dir`` when inside it."""
+    from pathlib import Path
+
+    from ..judge.compare import map_site_files
+
+    if invocation_dir is None:
+        return site
+
+    def relative(file: str) -> str:
+        try:
+            return str(Path(file).relative_to(invocation_dir))
+        except ValueError:
+            return file
+
+    return map_site_files(site, relative)
+
+
+def evaluate_gate(
+    inputs: GateInputs,
+    profiles: Sequence[Profile],
+    baseline: BaselineFile | None,
+    rules: Mapping[str, Any] | None = None,
+    test_passed: bool = True,
+    hardware: Callable[[str], HardwareSpec] | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """Compare a test's profiled runs with its baseline and run the diagnosis rules.
+
+    Args:
+        inputs: the test's settings.
+        profiles: its runs, in order.
+        baseline: its baseline file (``None``: none exists).
+        rules: diagnosis rules by id (default: the built-in :data:`pytest_oam.rules.RULES`).
+        test_passed: whether the test body passed (a failing test's baseline is not saved).
+        hardware: spec lookup by name for the rules (default: the bundled specs).
+
+    Returns:
+        ``(result, failure_text)``: ``result["report"]`` is a :class:`~pytest_oam.report.GateReport`
+        as builtin types, ``result["op_types"]`` the op types seen, ``result["baseline"]`` the
+        baseline to save (with ``inputs.saving``); ``failure_text`` is ``None`` when the gate passes.
+    """
+    from simulator.hardware import load_hardware
+
+    from ..files.baseline import BaselineFile
+    from ..judge.compare import compare_run, summarize, worst_status
+    from ..judge.explain import PeakMemory, diagnose
+    from ..judge.pairing import match_runs
+    from ..judge.rules import RULES, run_rules
+    from ..judge.thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
+    from ..report.model import (
+        DiagnosisReport,
+        FindingReport,
+        GateReport,
+        RunReport,
+        TopOp,
+        VerdictReport,
+    )
+    from ..report.text import diagnosis_text, failure_text
+
+    rules = RULES if rules is None else rules
+    hardware = hardware or load_hardware
+
+    def site(s: str) -> str:
+        return display_site(s, inputs.invocation_dir)
+
+    resolver = LimitResolver.build(inputs.marker_thresholds, inputs.cli_thresholds, inputs.ini_thresholds)
+    gating = inputs.gating
+    n_base = len(baseline.runs) if baseline is not None else 0
+    runs, verdicts, findings, statuses, parts, notes, summaries = [], [], [], [], [], [], []
+    diagnosis: list[DiagnosisReport] = []
+    op_types: set[str] = {STEP_ROW}
+    empty: dict[int, str] = {}  # run -> why it has no summary (the workload ran no operator)
+    ran_nothing: list[int] = []  # runs that ran no operator where their baseline run had some
+    for i, profile in enumerate(profiles):
+        try:
+            summaries.append(summarize(profile, inputs.root_dir))
+        except ValueError as exc:
+            summaries.append(None)
+            empty[i] = str(exc)
+    matched = match_runs(baseline.runs if baseline is not None else [], [p.workload_fingerprint for p in profiles],
+                         [{} if s is None else s.ops for s in summaries])
+    for i, profile in enumerate(profiles):
+        base_run = baseline.runs[matched[i]] if matched[i] is not None else None
+        status, reasons, base_step, top_ops = "not-gated", [], None, []
+        current = summaries[i]
+        if i in empty:
+            reasons = [empty[i]]
+            if gating:
+                status = "missing-ops"
+            if gating and base_run is not None:  # its baseline run had operators: nothing to compare
+                ran_nothing.append(i)
+                had = sorted(base_run.ops)
+                notes.append(f"run {i + 1} ran no operator, but its baseline run had {', '.join(had[:3])}"
+                             + (f" and {len(had) - 3} more op types" if len(had) > 3 else "") + ": nothing was compared")
+        diagnosis += [
+            DiagnosisReport(run=i, rule_id=f.rule_id, severity=f.severity, op_type=f.op_type, op_name=f.op_name,
+                            location=site(f.location) if f.location else None,
+                            description=f.description, fix=f.fix, gain_s=f.gain_s,
+                            step_share_frac=f.step_share_frac)
+            for f in run_rules(profile, hardware(profile.hardware), disabled=inputs.disabled_rules,
+                               thresholds=inputs.rule_thresholds, rules=rules)
+        ]
+        step_s = profile.step_time_s if not profile.is_empty else 0.0
+        if current is not None:
+            op_types.update(current.ops)
+            if current.memory_reserved_peak_bytes is not None:
+                op_types.update(MEMORY_ROWS)
+            top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
+            top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0)
+                       for k, v in top]
+            if gating and base_run is None:
+                status = "no-baseline"
+            elif gating:
+                comparison = compare_run(i, base_run, current, resolver)
+                status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
+                run_findings = [
+                    dataclasses.replace(f, call_sites=[(site(s), t) for s, t in f.call_sites])
+                    for f in diagnose(comparison, profile, current.ops, base_run.ops,
+                                      PeakMemory.of(current, base_run, profile, inputs.root_dir))
+                ]
+                verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
+                findings += [
+                    FindingReport(run=i, kind=f.kind, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
+                                  step_share_frac=f.step_share_frac,
+                                  counters={c.name: (c.baseline, c.current) for c in f.counters},
+                                  call_sites=f.call_sites, advice=f.advice)
+                    for f in run_findings
+                ]
+                parts.append((comparison, run_findings, profile.hardware, profile.devices))
+        statuses.append(status)
+        runs.append(RunReport(index=i, status=status, hardware=profile.hardware, devices=profile.devices,
+                              step_time_s=step_s, baseline_step_time_s=base_step,
+                              tokens_per_s=profile.tokens_per_s if not profile.is_empty else None,
+                              top_ops=top_ops, reasons=reasons))
+    unmatched_base = n_base - sum(m is not None for m in matched)
+    if gating and unmatched_base:
+        statuses.append("missing-ops")
+        made = f"{len(profiles)} profiled runs" if profiles else "no profiled run"
+        notes.append(f"the test made {made}; {unmatched_base} of the {n_base} runs of its baseline "
+                     "were not compared")
+    if gating and inputs.baseline_error:
+        statuses.append("invalid-baseline")
+        notes.append(f"{inputs.baseline_error} (replaced by --oam-save-baseline)")
+    status = worst_status(statuses)
+    fatal = [d for d in diagnosis if d.severity == "fatal"]
+    if inputs.saving and fatal:
+        notes.append("baseline not written: the run has fatal diagnosis findings")
+    if status == "no-baseline":
+        if not inputs.saving:
+            notes.append("no baseline: run with --oam-save-baseline to create one")
+        elif fatal:
+            pass
+        elif test_passed:
+            notes.append("no baseline yet: written by --oam-save-baseline")
+        else:
+            notes.append("no baseline, and none written: only tests that pass are saved")
+    unmatched = [p for p in inputs.marker_thresholds if not any(fnmatchcase(o, p) for o in op_types)]
+    if unmatched:
+        notes.append("@pytest.mark.oam thresholds match no op type of this test: " + ", ".join(unmatched)
+                     + " (op types are case-sensitive: " + ", ".join(sorted(op_types)) + ")")
+    path = inputs.baseline_path
+    compared_nothing = (any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiles)
+                        or bool(ran_nothing))
+    gate_failed = gate_fails(status, compared_nothing, inputs.strict, inputs.fail_on_improvement)
+    failed = gate_failed or bool(fatal)
+    report = GateReport(nodeid=inputs.nodeid, status=status, failed=failed, baseline_path=path,
+                        message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,
+                        diagnosis=diagnosis)
+    result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
+    if inputs.saving and summaries and all(s is not None for s in summaries) and not fatal:
+        # a run with a correctness failure (NaN, overflow, ...) is no reference to compare with
+        result["baseline"] = BaselineFile(nodeid=inputs.nodeid, runs=summaries).model_dump(mode="json")
+    text = failure_text(inputs.nodeid, status, path, parts, notes) if gate_failed else None
+    if fatal:  # correctness: fails the test whatever the gate says, baseline or not
+        header = f"oam diagnosis: {len(fatal)} fatal finding{'s' if len(fatal) > 1 else ''} in {inputs.nodeid}"
+        text = (text + "\n\n" if text else "") + header + "\n" + diagnosis_text(fatal)
+    return result, text

@@ -1,0 +1,7 @@
+"""The gate's reports: the data (:mod:`.model`), the text (:mod:`.text`), the HTML page
+(:mod:`.html`) and Chrome/Perfetto traces (:mod:`.trace`). The names of the former module
+``pytest_oam.report`` are re-exported here, so that import path keeps working."""
+
+from ..format import *  # noqa: F403
+from .model import *  # noqa: F403
+from .text import *  # noqa: F403
