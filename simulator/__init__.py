@@ -1,17 +1,17 @@
 """A simulator of the Huawei Ascend 910 NPU and its 8-card servers.
 
-``SIMULATOR_VERSION`` (``__version__``) is bumped whenever a cost model changes the numbers it
-produces, so that baselines made by another version are recognised as such.
+``SIMULATOR_VERSION`` (``__version__``, kept in :mod:`simulator.version`) is bumped whenever a
+cost model changes the numbers it produces, so that baselines made by another version are
+recognised as such.
 """
-
-__version__ = "0.6.0"
-SIMULATOR_VERSION = __version__
 
 from .allocator import OutOfMemoryError
 from .callbacks import register_op_callback
 from .hardware import HardwareSpec, list_hardware, load_hardware
 from .profile import OpRecord, Profile
 from .runtime import NPU, ShapeError, Tensor, run
+from .version import SIMULATOR_VERSION
+from .version import __version__ as __version__
 
 __all__ = [
     "NPU",

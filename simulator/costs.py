@@ -827,7 +827,7 @@ def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
         return 0
     (b, n, s_q, d), (_, n_kv, s_kv, _) = spec.shapes[0], spec.shapes[1]
     cores = hw.ai_core.vector_core_count
-    fp32 = 4
+    fp32 = DTYPE_BYTES["fp32"]
     d_align = _round_up(d, ws.flash_attention_head_dim_alignment)
     if spec.op_type == "FlashAttention":
         if s_kv <= ws.flash_attention_min_kv_len or d <= ws.flash_attention_min_head_dim:
@@ -849,7 +849,7 @@ def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
     pad = ws.flash_attention_grad_sink_pad
     sink = b * n * _round_up(s_q, pad) * _round_up(s_kv, pad) // ws.flash_attention_grad_sink_block_elements * fp32
     total = _place(total, sink, align) + buffer
-    return _place(total, 4, align) + buffer  # the sink sum's int32
+    return _place(total, DTYPE_BYTES["int32"], align) + buffer  # the sink sum's int32
 
 
 def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:

@@ -319,3 +319,17 @@ def test_the_display_conversion_check_sees_what_it_should(tmp_path) -> None:
     )
     hits = display_conversions(module, tmp_path)
     assert [hit.split(":")[1] for hit in hits] == ["2", "3", "4", "5", "9"]
+
+
+def test_every_package_is_installed() -> None:
+    # Regression: pyproject.toml listed the packages by hand, so a wheel left out the new
+    # subpackages (pytest_oam.judge, simulator.runtime, ...) while the editable install worked.
+    import tomllib
+
+    from setuptools import find_packages
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = config["packages"]["find"]["include"]
+    found = set(find_packages(str(ROOT), include=include))
+    packages = {name for name, path in modules().items() if path.name == "__init__.py"}
+    assert packages <= found
