@@ -797,6 +797,10 @@ COST_MODELS: dict[str, CostModel] = {
     "Memcpy": memcpy_cost,
     **{op_type: vector_cost for op_type in VECTOR_PROFILES},
 }
+#: The cost models of kernels that run on the Cube unit (their blocks spread over the AI Cores).
+CUBE_COST_MODELS = frozenset({matmul_cost, conv2d_cost, flash_attention_cost, flash_attention_grad_cost})
+#: Op types that run on the Cube unit, derived from the registry (the diagnosis reads this).
+CUBE_OP_TYPES = frozenset(op_type for op_type, model in COST_MODELS.items() if model in CUBE_COST_MODELS)
 
 
 def _place(offset: int, size: int, alignment: int) -> int:

@@ -309,3 +309,27 @@ def test_names_from_a_baseline_cannot_forge_terminal_or_markdown_output(pytester
     md = (pytester.path / "r.md").read_text()
     assert "<script>" not in md and "\x1b" not in md
     assert not any(line.startswith("| forged") for line in md.splitlines())
+
+
+def test_a_workload_larger_than_the_hbm_fails_and_is_never_saved_in_default_mode(pytester) -> None:
+    pytester.makepyfile(test_big=(
+        "def huge(npu):\n    npu.tensor((2**40,), 'fp16')  # 2 TiB on a 32 GiB card\n\n"
+        "def test_big(oam_profile):\n    oam_profile.run(huge)\n"))
+    result = pytester.runpytest("--oam-save-baseline")
+    result.assert_outcomes(failed=1)  # before the fix: passed, step time 8.8e41 s, and saved
+    result.stdout.fnmatch_lines(["*OutOfMemoryError*"])
+    assert not (pytester.path / "baselines").exists() or not list((pytester.path / "baselines").iterdir())
+
+
+def test_an_implausible_baseline_value_errors_the_test_naming_the_file(pytester) -> None:
+    pytester.makepyfile(test_x=(
+        "def mm(npu):\n    npu.matmul(npu.tensor((64, 64)), npu.tensor((64, 64)))\n\n"
+        "def test_x(oam_profile):\n    oam_profile.run(mm)\n"))
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    path = pytester.path / "baselines" / baseline_filename("test_x.py::test_x")
+    data = json.loads(path.read_text())
+    data["runs"][0]["ops"]["MatMul"]["time_s"] = 1e308
+    path.write_text(json.dumps(data))
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(errors=1)  # before the fix: compared with 1e308 s and passed as improved
+    result.stdout.fnmatch_lines([f"*{path.name}*time_s*1e+308 s is implausible*"])

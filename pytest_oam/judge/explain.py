@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.costs import CUBE_OP_TYPES  # derived from the cost-model registry
 from simulator.hardware import HardwareSpec
 from simulator.profile import LiveMemory, MemoryPeak, OpRecord, Profile
 
@@ -36,9 +37,6 @@ IDLE_CORE_TIME_FRAC = 0.05
 NEARLY_EMPTY_TILE_FRAC = 0.25
 #: Padding to the Cube fractal above this share of an axis is reported.
 PADDING_WASTE_FRAC = 0.05
-#: Op types that run on the Cube unit (their blocks spread over the AI Cores).
-CUBE_OP_TYPES = ("MatMul", "BatchMatMul", "FlashAttention", "FlashAttentionGrad", "Conv2D",
-                 "Conv2DBackpropInput", "Conv2DBackpropFilter")
 
 
 @dataclass(frozen=True)
