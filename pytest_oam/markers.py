@@ -10,7 +10,7 @@ import pytest
 from .judge.thresholds import ThresholdError, parse_mapping
 from .settings import check_hardware, usage_error
 
-MARKER_KEY = pytest.StashKey["MarkerSettings"]()
+MARKER_KEY = pytest.StashKey["tuple[tuple[int, ...], MarkerSettings]"]()
 
 
 MARKER_KEYWORDS = ("thresholds", "hardware", "devices", "tuned")
@@ -67,12 +67,14 @@ def marker_settings(item: pytest.Item) -> MarkerSettings:
 
 
 def marker_of(item: pytest.Item) -> MarkerSettings:
-    """:func:`marker_settings` of ``item``, parsed once and kept in ``item.stash``.
+    """:func:`marker_settings` of ``item``, parsed once and kept in ``item.stash`` until its
+    markers change (``request.applymarker`` or a hook may add one after collection: it applies).
 
     Raises:
         pytest.UsageError: see :func:`marker_settings`.
     """
-    marker = item.stash.get(MARKER_KEY, None)
-    if marker is None:
-        marker = item.stash[MARKER_KEY] = marker_settings(item)
-    return marker
+    key = tuple(id(marker) for marker in item.iter_markers("oam"))
+    cached = item.stash.get(MARKER_KEY, None)
+    if cached is None or cached[0] != key:
+        cached = item.stash[MARKER_KEY] = (key, marker_settings(item))
+    return cached[1]

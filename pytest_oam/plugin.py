@@ -243,6 +243,9 @@ def oam_profile(request: pytest.FixtureRequest):
 
     check_simulator_module()  # before any import of it: another module named simulator may come first
     session = activate(request.config)
+    problem = session.settings_problem()  # a bad option or ini value: this test errors, naming it
+    if problem is not None:
+        pytest.fail(f"oam: {problem}", pytrace=False)
     from simulator import callbacks
 
     before = callbacks.registered()

@@ -35,6 +35,9 @@ class OamSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self._settings: OamSettings | None = None
+        #: The usage error of bad options or ini values, where it could not end the run (a worker,
+        #: or a fixture requested at run time): each test that uses the plugin errors with it.
+        self.settings_error: str | None = None
         self.is_worker = hasattr(config, "workerinput")
         self.bad_markers: dict[str, str] = {}  # nodeid -> message, on an xdist worker
         self.results: dict[str, dict[str, Any]] = {}
@@ -46,6 +49,8 @@ class OamSession:
         self.collected: set[str] = set()
         self.order: dict[str, int] = {}  # test id -> collection position, for reports in test order
         self.pending_saves: dict[str, dict[str, Any]] = {}
+        #: Tests with a failed call report: their own, or a subtest's (not saved as baselines).
+        self.failed_calls: set[str] = set()
         self.partial: set[str] = set()
         self.prune_refused: str | None = None
         self.save_errors: list[str] = []
@@ -134,7 +139,10 @@ class OamSession:
         # other tests run, and the run fails.
         if self.unusable():
             return  # each test that uses the fixture errors with the reason
-        self.settings  # noqa: B018 - a bad ini value is a usage error before any test
+        if self.settings_problem() is not None:
+            if not self.is_worker:
+                raise usage_error(self.settings_error)  # a bad ini value: a usage error before any test
+            return  # a worker cannot end the session (see above): each test that uses us errors
         errors = {}
         for item in items:
             if item.get_closest_marker("oam") is not None:
@@ -156,6 +164,19 @@ class OamSession:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if item.nodeid in self.bad_markers:
             pytest.fail(self.bad_markers[item.nodeid], pytrace=False)
+        if self.settings_error is not None and ("oam_profile" in getattr(item, "fixturenames", ())
+                                                or item.get_closest_marker("oam") is not None):
+            pytest.fail(f"oam: {self.settings_error}", pytrace=False)
+
+    def settings_problem(self) -> str | None:
+        """Resolve the settings now; the usage error they raise, kept (and then returned every
+        time) where it cannot end the session: on an xdist worker, or once tests have run."""
+        if self.settings_error is None and self._settings is None:
+            try:
+                self.settings  # noqa: B018
+            except pytest.UsageError as exc:
+                self.settings_error = str(exc)
+        return self.settings_error
 
     # -- the fixture ----------------------------------------------------------------------------
 
@@ -401,12 +422,16 @@ class OamSession:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.is_worker or self.unusable():
             return
+        if report.when == "call" and report.failed:
+            self.failed_calls.add(report.nodeid)  # a failed subtest too (pytest's subtests, subTest)
         if report.when == "teardown" and report.nodeid in self.pending_saves:
             baseline = self.pending_saves.pop(report.nodeid)
-            if report.passed:
-                self._save(report.nodeid, baseline)
-            else:
+            if not report.passed:
                 self.save_errors.append(f"{report.nodeid}: baseline not written: the test errored in teardown")
+            elif report.nodeid in self.failed_calls:
+                self.save_errors.append(f"{report.nodeid}: baseline not written: a subtest failed")
+            else:
+                self._save(report.nodeid, baseline)
             return
         tuned = getattr(report, "oam_tuned", None)
         if tuned is not None and tuned["notes"]:
@@ -447,7 +472,7 @@ class OamSession:
     def unusable(self) -> bool:
         """Another ``simulator`` module hides ours and the options were never resolved: the
         tests that used the fixture errored with the reason; nothing else to do."""
-        return self._settings is None and simulator_clash() is not None
+        return self.settings_error is not None or (self._settings is None and simulator_clash() is not None)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if self.is_worker or self.unusable():

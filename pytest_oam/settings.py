@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,10 +202,11 @@ def report_overwrite_problem(path: Path) -> str | None:
         return None
     suffix = path.suffix.lower()
     text = head.decode("utf-8", errors="replace")
-    if suffix == ".md":
-        ours = text.startswith("## oam performance gate")
-    elif suffix == ".html":
-        ours = text.lstrip().startswith("<!DOCTYPE html>") and "<title>oam performance gate" in text
+    if suffix == ".md":  # exactly the first lines markdown_report writes
+        ours = re.match(r"## oam performance gate\n\n\*\*(FAILED|passed)\*\*: \d+ profiled tests \(", text) is not None
+    elif suffix == ".html":  # exactly the head html_report writes
+        ours = (text.startswith("<!DOCTYPE html>")
+                and re.search(r"<title>oam performance gate: (FAILED|passed)</title>", text) is not None)
     else:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .format import fmt_frac, fmt_time, terminal_safe
+from .format import fmt_frac, fmt_ms, fmt_percent, terminal_safe
 from .judge.thresholds import MEMORY_ROWS, STEP_ROW
 
 if TYPE_CHECKING:
@@ -164,12 +164,12 @@ def junit_properties(gate_report: dict[str, Any]) -> list[tuple[str, str]]:
     for d in gate_report.get("diagnosis", []):
         properties.append(
             ("oam_finding", (f"{d['severity']} {d['rule_id']} {d['op_type']} at {d['location'] or '-'}: "
-                             f"{d['description']} (a fix saves about {fmt_time(d['gain_s'])} per step, "
-                             f"{fmt_frac(d['step_share_frac'])}; {d['fix']})")))
+                             f"{d['description']} (a fix saves about {fmt_ms(d['gain_s'], 3)} per step, "
+                             f"{fmt_percent(d['step_share_frac'], 1)}; {d['fix']})")))
     for f in gate_report.get("findings", []):  # the explanation of a regression, same scale
         sites = ", ".join(site for site, _ in f["call_sites"]) or "-"
         cost = ("" if f["op_type"] in MEMORY_ROWS else  # memory rows have no time of their own
-                f": +{fmt_time(f['delta_s'])} per step ({fmt_frac(f['step_share_frac'])} of the baseline step)")
+                f": +{fmt_ms(f['delta_s'], 3)} per step ({fmt_percent(f['step_share_frac'], 1)} of the baseline step)")
         properties.append(
             ("oam_finding", f"{f['severity']} {f['kind']} {f['op_type']} at {sites}{cost}; {'; '.join(f['advice'])}"))
     return properties

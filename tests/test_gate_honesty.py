@@ -179,6 +179,9 @@ def test_prune_deletes_only_what_is_provably_gone(run, pytester, monkeypatch) ->
     ("summary.md", "# Release notes\n"),
     ("index.html", "<!DOCTYPE html><html><title>Our dashboard</title></html>"),
     ("data.json", "[1, 2, 3]"),
+    # look-alikes (newcomer finding: they were replaced)
+    ("notes.md", "## oam performance gate (meeting notes)\nkeep me\n"),
+    ("slides.html", "<!DOCTYPE html><html><title>oam performance gate: my slides</title>keep me</html>"),
 ])
 def test_a_report_never_replaces_a_file_that_is_not_a_report(pytester, existing) -> None:
     # checked at start, on the controller: the same with and without xdist
@@ -333,3 +336,73 @@ def test_an_implausible_baseline_value_errors_the_test_naming_the_file(pytester)
     result = pytester.runpytest("--oam-baseline")
     result.assert_outcomes(errors=1)  # before the fix: compared with 1e308 s and passed as improved
     result.stdout.fnmatch_lines([f"*{path.name}*time_s*1e+308 s is implausible*"])
+
+
+def test_a_bad_ini_value_under_xdist_errors_the_tests_that_use_the_plugin(pytester) -> None:
+    pytester.makeini("[pytest]\noam_hardware = ascend999\n")
+    pytester.makepyfile(test_x="def test_x(oam_profile):\n    pass\n\ndef test_y():\n    pass\n")
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "no:cacheprovider")
+    # before the fix: INTERNALERROR (a worker raised the usage error), no test ran
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*oam: oam_hardware (ini): unknown hardware 'ascend999'*"])
+
+
+def test_a_marker_added_while_the_test_runs_applies_to_its_gate(pytester, monkeypatch) -> None:
+    pytester.makepyfile(test_x=(
+        "import os, pytest\n\n"
+        "def mm(npu):\n    npu.matmul(npu.tensor((256, 256)), npu.tensor((256, 256)))\n\n"
+        "def test_x(oam_profile, request):\n"
+        "    request.applymarker(pytest.mark.oam(thresholds={'*': '1%'}))\n"
+        "    oam_profile.run(mm, op_time_scale={'MatMul': float(os.environ.get('SLOW', '1'))})\n"))
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    monkeypatch.setenv("SLOW", "1.05")
+    result = pytester.runpytest("--oam-baseline")
+    result.assert_outcomes(failed=1)  # before the fix: the marker read at setup was kept, 5% passed
+    result.stdout.fnmatch_lines(["REGRESSED test_x.py::test_x: MatMul +5.0% (limit 1.0%)*"])
+
+
+@pytest.mark.parametrize("xdist", [None, "2"], ids=["no-xdist", "xdist-n2"])
+def test_a_test_with_a_failed_subtest_is_not_saved(pytester, monkeypatch, xdist) -> None:
+    pytester.makepyfile(test_sub=(
+        "import os\n\n"
+        "def mm(npu, n):\n    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))\n\n"
+        "def test_sub(oam_profile, subtests):\n"
+        "    for n in (256, 512):\n"
+        "        with subtests.test(n=n):\n"
+        "            oam_profile.run(mm, n, op_time_scale={'MatMul': float(os.environ.get('SLOW', '1'))})\n"
+        "            assert not os.environ.get('FAIL')\n"))
+    args = ["-n", xdist] if xdist else []
+    pytester.runpytest_subprocess(*args, "--oam-save-baseline")
+    before = baselines(pytester)
+    assert len(before) == 1
+    monkeypatch.setenv("FAIL", "1")
+    monkeypatch.setenv("SLOW", "2")
+    result = pytester.runpytest_subprocess(*args, "--oam-save-baseline")
+    result.stdout.fnmatch_lines(["*test_sub.py::test_sub: baseline not written: a subtest failed*"])
+    assert baselines(pytester) == before  # before the fix: overwritten with the 2x slower run
+
+
+@pytest.mark.parametrize(("first", "second", "slowed"), [
+    ("hardware='ascend910'", "hardware='ascend910b'", "ascend910b"),
+    ("devices=1", "devices=8", "8"),
+    ("memory=False", "memory=True", "True"),
+], ids=["hardware", "devices", "memory"])
+def test_runs_of_one_workload_pair_by_hardware_devices_and_memory_whatever_their_order(
+        pytester, monkeypatch, first, second, slowed) -> None:
+    pytester.makepyfile(test_pair=(
+        "import os\n\n"
+        "def mm(npu):\n    npu.matmul(npu.tensor((512, 512)), npu.tensor((512, 512)))\n\n"
+        "def test_pair(oam_profile):\n"
+        f"    runs = [dict({first}), dict({second})]\n"
+        "    if os.environ.get('SWAP'):\n        runs.reverse()\n"
+        "    for kw in runs:\n"
+        f"        scale = float(os.environ.get('SLOW', '1')) if str(list(kw.values())[0]) == {slowed!r} else 1.0\n"
+        "        oam_profile.run(mm, op_time_scale={'MatMul': scale}, **kw)\n"))
+    pytester.runpytest_subprocess("--oam-save-baseline").assert_outcomes(passed=1)
+    monkeypatch.setenv("SWAP", "1")
+    pytester.runpytest_subprocess("--oam-baseline").assert_outcomes(passed=1)  # before the fix (memory): a false REGRESSED
+    monkeypatch.setenv("SLOW", "3")
+    result = pytester.runpytest_subprocess("--oam-baseline")
+    result.assert_outcomes(failed=1)  # before the fix (hardware, devices): incomparable, passed
+    result.stdout.fnmatch_lines(["REGRESSED test_pair.py::test_pair: MatMul in run 1 +*"])  # the slowed run, paired right

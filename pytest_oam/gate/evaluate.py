@@ -108,7 +108,7 @@ def evaluate_gate(
     from ..files.baseline import BaselineFile
     from ..judge.compare import compare_run, summarize, worst_status
     from ..judge.explain import PeakMemory, diagnose
-    from ..judge.pairing import match_runs
+    from ..judge.pairing import match_runs, run_identity
     from ..judge.rules import RULES, run_rules
     from ..judge.thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
     from ..report.model import (
@@ -142,7 +142,8 @@ def evaluate_gate(
             summaries.append(None)
             empty[i] = str(exc)
     matched = match_runs(baseline.runs if baseline is not None else [], [p.workload_fingerprint for p in profiles],
-                         [{} if s is None else s.ops for s in summaries])
+                         [{} if s is None else s.ops for s in summaries],
+                         [None if s is None else run_identity(s) for s in summaries])
     for i, profile in enumerate(profiles):
         base_run = baseline.runs[matched[i]] if matched[i] is not None else None
         status, reasons, base_step, top_ops = "not-gated", [], None, []

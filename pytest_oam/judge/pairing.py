@@ -5,19 +5,37 @@ from __future__ import annotations
 import math
 
 
-def match_runs(baseline_runs: list, fingerprints: list[str], work: list[dict] | None = None) -> list[int | None]:
-    """Pair each current run with a baseline run: same workload fingerprint first (in order);
-    then each remaining run with the remaining baseline run whose work is closest (``work``: per
-    current run, its summary's ``ops``, compared with the baseline run's), in order, or by
-    position without ``work``. Work, not time: the run that does the same work is
-    the one to compare with, and pairing by time would pair a slowed run with a slower one
-    (newcomer finding: a changed run was compared with the first spare baseline run, a 4x larger
-    workload, and a 3x slowdown passed). Returns, per current run, a baseline index or None."""
+def run_identity(run) -> tuple:
+    """What a run must share with the baseline run it is compared with, beyond its workload:
+    hardware, card count and whether memory was modelled (``run``: a ``RunBaseline``)."""
+    return (run.hardware, run.devices, run.memory_reserved_peak_bytes is not None)
+
+
+def match_runs(baseline_runs: list, fingerprints: list[str], work: list[dict] | None = None,
+               identities: list[tuple | None] | None = None) -> list[int | None]:
+    """Pair each current run with a baseline run: same workload fingerprint and same identity
+    (``identities``: per current run, :func:`run_identity` of its summary, or None) first, in
+    order; then the same fingerprint alone; then each remaining run with the remaining baseline
+    run whose work is closest (``work``: per current run, its summary's ``ops``, compared with
+    the baseline run's), in order, or by position without ``work``. Identity first: a test that
+    runs one workload on two cards (or with and without memory modelling) in another order was
+    compared across them (newcomer finding: a 3x slowdown passed as incomparable, and an
+    unchanged memory-modelled run failed against the plain one). Work, not time: the run that
+    does the same work is the one to compare with, and pairing by time would pair a slowed run
+    with a slower one (newcomer finding: a changed run was compared with the first spare
+    baseline run, a 4x larger workload, and a 3x slowdown passed). Returns, per current run, a
+    baseline index or None."""
     used: set[int] = set()
     matched: list[int | None] = [None] * len(fingerprints)
-    for i, fp in enumerate(fingerprints):
-        for j, run in enumerate(baseline_runs):
-            if j not in used and run.workload_fingerprint == fp:
+    for same_identity in ((True, False) if identities is not None else (False,)):
+        for i, fp in enumerate(fingerprints):
+            if matched[i] is not None:
+                continue
+            for j, run in enumerate(baseline_runs):
+                if j in used or run.workload_fingerprint != fp:
+                    continue
+                if same_identity and (identities[i] is None or run_identity(run) != identities[i]):
+                    continue
                 matched[i] = j
                 used.add(j)
                 break
