@@ -5,7 +5,8 @@ kept in ``config.stash``. The plugin autoloads in every pytest run of the enviro
 suite that does not use it must not pay for it: unless an ``--oam-*`` option is given, only a
 small watcher (:class:`_Dormant`) is registered, and the session (with the simulator, numpy
 and pydantic behind it) loads when a collected test uses ``oam_profile`` or ``@pytest.mark.oam``,
-or a test requests the fixture at run time.
+or a test requests the fixture at run time; on an xdist controller, when the first report of a
+gated test arrives from a worker.
 """
 
 from __future__ import annotations
@@ -150,12 +151,8 @@ def _options_given(config: pytest.Config) -> bool:
 
 
 def activate(config: pytest.Config):
-    """The run's :class:`~pytest_oam.session.OamSession`, made and registered on first use.
-
-    Raises:
-        pytest.UsageError: a bad option or ini value (checked when the session is made at start);
-            see :func:`pytest_oam.session.settings_from_config`.
-    """
+    """The run's :class:`~pytest_oam.session.OamSession`, made and registered on first use (its
+    options are read later: :attr:`~pytest_oam.session.OamSession.settings`)."""
     session = config.stash.get(OAM_SESSION_KEY, None)
     if session is None:
         from .session import OamSession

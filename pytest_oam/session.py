@@ -1,4 +1,6 @@
-"""The stateful side of the plugin: settings, the per-test profiler, the gate and its reports.
+"""The plugin's hooks: :class:`OamSession`, registered once per run (see :mod:`pytest_oam.plugin`).
+Its options are in :mod:`.settings`, markers in :mod:`.markers`, the fixture's object in
+:mod:`.profiler`, the terminal summary in :mod:`.summary`, pruning in :mod:`.prune`.
 
 Data flow: the ``oam_profile`` fixture runs workloads (on an xdist worker or in-process) ->
 the ``pytest_runtest_makereport`` hook compares the profiles with the baseline and attaches

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from .gate.evaluate import gate_fails
 from .judge.thresholds import ThresholdError, parse_entry
 
 REPORT_FORMATS = (".json", ".md", ".html")
@@ -52,10 +51,6 @@ class OamSettings:
         from simulator.callbacks import has_callbacks
 
         return "online" if has_callbacks() else "offline"
-
-    def fails(self, status: str, compared_nothing: bool = False) -> bool:
-        """Does a test with this gate status fail?"""
-        return gate_fails(status, compared_nothing, self.strict, self.fail_on_improvement)
 
 
 def usage_error(message: str) -> pytest.UsageError:

@@ -22,16 +22,16 @@ def _line(tr, text: str, **markup: bool) -> None:
     tr.write_line(terminal_safe(text), **markup)
 
 
-def write_summary(self: OamSession, terminalreporter) -> None:
+def write_summary(session: OamSession, terminalreporter) -> None:
     """The gate's part of pytest's terminal summary (on the controller)."""
-    _tuned_summary(self, terminalreporter)
-    if not (self.results or self.pruned or self.prune_refused or self.prune_kept or self.settings.report_paths
-            or self.save_errors or self.recorded or self.unused_baselines):
+    _tuned_summary(session, terminalreporter)
+    if not (session.results or session.pruned or session.prune_refused or session.prune_kept or session.settings.report_paths
+            or session.save_errors or session.recorded or session.unused_baselines):
         return
     from .format import fmt_value
     from .report.text import summary_table
 
-    tests = self.tests_in_order()
+    tests = session.tests_in_order()
     tr = terminalreporter
     tr.write_sep("=", "oam performance gate")
     if tests:
@@ -62,24 +62,24 @@ def write_summary(self: OamSession, terminalreporter) -> None:
         for t in diagnosed:
             _line(tr, t.nodeid)
             tr.write_line(diagnosis_text(t.diagnosis, indent="    "))  # so are its fields
-    if self.written:
-        folder = self.settings.save_dir
-        noun = "baseline" if len(self.written) == 1 else "baselines"
-        _line(tr, f"oam: wrote {len(self.written)} {noun} to {self.display(folder)}")
-        if self.config.get_verbosity() > 0:
-            for path in self.written:
+    if session.written:
+        folder = session.settings.save_dir
+        noun = "baseline" if len(session.written) == 1 else "baselines"
+        _line(tr, f"oam: wrote {len(session.written)} {noun} to {session.display(folder)}")
+        if session.config.get_verbosity() > 0:
+            for path in session.written:
                 _line(tr, f"    {path}")
-    patterns = {**self.settings.ini_thresholds, **self.settings.cli_thresholds}
-    unmatched = sorted(p for p in patterns if not any(fnmatchcase(o, p) for o in self.op_types_seen))
+    patterns = {**session.settings.ini_thresholds, **session.settings.cli_thresholds}
+    unmatched = sorted(p for p in patterns if not any(fnmatchcase(o, p) for o in session.op_types_seen))
     if unmatched:
         _line(
             tr,
             "oam: thresholds match no op type of this run: " + ", ".join(unmatched)
-            + " (op types are case-sensitive: " + ", ".join(sorted(self.op_types_seen)) + ")",
+            + " (op types are case-sensitive: " + ", ".join(sorted(session.op_types_seen)) + ")",
             yellow=True,
         )
-    tuned = {**self.settings.ini_tuned_limits, **self.settings.cli_tuned_limits}
-    operators = sorted(self.op_types_seen - {STEP_ROW, *MEMORY_ROWS})  # the gate's rows that are operators
+    tuned = {**session.settings.ini_tuned_limits, **session.settings.cli_tuned_limits}
+    operators = sorted(session.op_types_seen - {STEP_ROW, *MEMORY_ROWS})  # the gate's rows that are operators
     unmatched = sorted(p for p in tuned if not any(fnmatchcase(o, p) for o in operators))
     if unmatched and operators:
         _line(
@@ -88,59 +88,59 @@ def write_summary(self: OamSession, terminalreporter) -> None:
             + ", ".join(unmatched) + " (op types are case-sensitive: " + ", ".join(operators) + ")",
             yellow=True,
         )
-    if self.recorded:
-        noun = "test" if len(self.recorded) == 1 else "tests"
-        folder = self.display(self.settings.record_dir)
-        _line(tr, f"oam: recorded {len(self.recorded)} {noun} in {folder} (replay: oam replay "
-                      f"{self.recorded[0]})")
-        if self.config.get_verbosity() > 0:
-            for path in self.recorded[1:]:
+    if session.recorded:
+        noun = "test" if len(session.recorded) == 1 else "tests"
+        folder = session.display(session.settings.record_dir)
+        _line(tr, f"oam: recorded {len(session.recorded)} {noun} in {folder} (replay: oam replay "
+                      f"{session.recorded[0]})")
+        if session.config.get_verbosity() > 0:
+            for path in session.recorded[1:]:
                 _line(tr, f"    {path}")
-    for err in self.save_errors:
+    for err in session.save_errors:
         _line(tr, f"oam: {err}", red=True)
-    for line in self.pruned:
+    for line in session.pruned:
         _line(tr, f"oam: pruned stale baseline {line}")
-    if self.prune_refused:
-        _line(tr, f"oam: {self.prune_refused}", yellow=True)
-    if self.prune_kept:
-        n = len(self.prune_kept)
+    if session.prune_refused:
+        _line(tr, f"oam: {session.prune_refused}", yellow=True)
+    if session.prune_kept:
+        n = len(session.prune_kept)
         _line(tr, f"oam: --oam-prune kept {n} baseline {'file' if n == 1 else 'files'} of tests this run did "
                       "not collect but that may still exist (their file is there and was not collected, or "
                       "their test function still is: collect_ignore, a parameter of another machine?):",
                       yellow=True)
-        for line in self.prune_kept:
+        for line in session.prune_kept:
             _line(tr, f"    {line}", yellow=True)
-    if self.unused_baselines:
-        n = len(self.unused_baselines)
+    if session.unused_baselines:
+        n = len(session.unused_baselines)
         _line(tr, f"oam: {n} baseline {'file' if n == 1 else 'files'} of tests this run did not collect "
                       "(renamed, moved or deleted? --oam-save-baseline --oam-prune deletes them):", yellow=True)
-        for line in self.unused_baselines:
+        for line in session.unused_baselines:
             _line(tr, f"    {line}", yellow=True)
-    folder = self.settings.baseline_dir
-    if (folder is not None and self.settings.save_dir is None and not folder.is_dir()
+    folder = session.settings.baseline_dir
+    if (folder is not None and session.settings.save_dir is None and not folder.is_dir()
             and any(t.status == "no-baseline" for t in tests)):
         # Newcomer finding: run from another folder, a project without an ini file looks for
         # ./baselines there; every test was a quiet no-baseline
-        where = (f"relative to the ini file {self.config.inipath}" if self.config.inipath else
-                 f"without an ini file, relative to the rootdir {self.config.rootpath}, which depends on where "
+        where = (f"relative to the ini file {session.config.inipath}" if session.config.inipath else
+                 f"without an ini file, relative to the rootdir {session.config.rootpath}, which depends on where "
                  "pytest runs: a pytest.ini in the project fixes it")
         _line(tr, f"oam: no baseline folder {folder} ({where}): no test was compared; --oam-save-baseline "
                       "creates it", yellow=True)
-    for path in self.settings.report_paths:
-        if path not in self.report_errors:
-            _line(tr, f"oam: wrote report {self.display(path)}")
-    for error in self.report_errors.values():
+    for path in session.settings.report_paths:
+        if path not in session.report_errors:
+            _line(tr, f"oam: wrote report {session.display(path)}")
+    for error in session.report_errors.values():
         _line(tr, f"oam: {error}", red=True)
 
 
-def _tuned_summary(self: OamSession, tr) -> None:
+def _tuned_summary(session: OamSession, tr) -> None:
     """Tuned checks skipped for want of a record, in test order: visible, never silent."""
-    if not self.tuned_notes:
+    if not session.tuned_notes:
         return
     tr.write_sep("-", "oam tuned check")
-    for nodeid in sorted(self.tuned_notes, key=lambda n: self.order.get(n, len(self.order))):
+    for nodeid in sorted(session.tuned_notes, key=lambda n: session.order.get(n, len(session.order))):
         _line(tr, f"oam: tuned check skipped in {nodeid} (--oam-strict fails it):", yellow=True)
-        for note in self.tuned_notes[nodeid]:
+        for note in session.tuned_notes[nodeid]:
             _line(tr, f"    {note}", yellow=True)
 
 
