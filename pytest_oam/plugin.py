@@ -210,8 +210,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)
     if _options_given(config):
         session = activate(config)
-        if not session.unusable():  # another simulator module: only the tests that use the fixture error
-            session.settings  # noqa: B018 - resolve now: a bad option is a usage error before any test
+        # Reading the options imports the simulator. A process that collects tests reads them
+        # after collection (the session's pytest_collection_modifyitems, still before any test),
+        # once the tests' own imports ran: a module of theirs named simulator, in a test folder
+        # that only collection puts on sys.path, is then found and errors only the tests that
+        # use the fixture. An xdist controller collects nothing: it reads them now, so that a
+        # bad option is one usage error before any worker starts.
+        is_controller = not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no"
+        if is_controller and not session.unusable():
+            session.settings  # noqa: B018
     else:
         dormant = _Dormant(config)
         config.stash[_DORMANT_KEY] = dormant

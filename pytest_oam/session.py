@@ -250,8 +250,8 @@ class OamSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
-        if self.unusable():
-            return report
+        if self.unusable() or getattr(report, "context", None) is not None:
+            return report  # a subtest's report: the gate judges the whole test, on its call report
         report = self._gate_report(item, call, report)
         if report.when == "call":
             self._tuned_check(item, report)
@@ -424,8 +424,10 @@ class OamSession:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.is_worker or self.unusable():
             return
-        if report.when == "call" and report.failed:
-            self.failed_calls.add(report.nodeid)  # a failed subtest too (pytest's subtests, subTest)
+        if report.when == "call" and report.failed and getattr(report, "context", None) is not None:
+            # a failed subtest (pytest's subtests, unittest's subTest: a SubtestReport, with the
+            # subtest's context): its test is not saved, whatever the gate of its call says
+            self.failed_calls.add(report.nodeid)
         if report.when == "teardown" and report.nodeid in self.pending_saves:
             baseline = self.pending_saves.pop(report.nodeid)
             if not report.passed:

@@ -406,3 +406,20 @@ def test_runs_of_one_workload_pair_by_hardware_devices_and_memory_whatever_their
     result = pytester.runpytest_subprocess("--oam-baseline")
     result.assert_outcomes(failed=1)  # before the fix (hardware, devices): incomparable, passed
     result.stdout.fnmatch_lines(["REGRESSED test_pair.py::test_pair: MatMul in run 1 +*"])  # the slowed run, paired right
+
+
+@pytest.mark.parametrize("xdist", [None, "2"], ids=["no-xdist", "xdist-n2"])
+def test_a_simulator_module_in_a_test_folder_is_found_with_an_option_given(pytester, xdist) -> None:
+    # Reviewer finding: with --oam-baseline the options were read at configure, which imported our
+    # simulator before collection put tests/ on sys.path; the project's own test then got ours.
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(**{
+        "tests/simulator": "def run_my_sim():\n    return 42\n",
+        "tests/test_mine": ("import simulator\n\ndef test_mine():\n    assert simulator.run_my_sim() == 42\n\n"
+                            "def test_oam(oam_profile):\n    oam_profile.run(lambda npu: None)\n"),
+    })
+    (pytester.path / "baselines").mkdir()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *(["-n", xdist] if xdist else []),
+                                           "--oam-baseline")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*oam: another module named 'simulator' *hides pytest-oam's simulator package*"])
