@@ -85,6 +85,16 @@ def run(request, pytester: pytest.Pytester):
     return _run
 
 
+def saved_matmul_baseline(pytester: pytest.Pytester) -> tuple:
+    """A test of one MatMul, run with --oam-save-baseline: its baseline's path and contents."""
+    pytester.makepyfile(test_x=(
+        "def mm(npu):\n    npu.matmul(npu.tensor((64, 64)), npu.tensor((64, 64)))\n\n"
+        "def test_x(oam_profile):\n    oam_profile.run(mm)\n"))
+    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
+    path = pytester.path / "baselines" / baseline_filename("test_x.py::test_x")
+    return path, json.loads(path.read_text())
+
+
 def baselines(pytester: pytest.Pytester) -> dict[str, bytes]:
     folder = pytester.path / "baselines"
     return {p.name: p.read_bytes() for p in folder.iterdir()} if folder.exists() else {}
@@ -294,12 +304,7 @@ def test_a_marker_with_a_card_count_hccl_does_not_support_stops_the_run_before_a
 
 
 def test_names_from_a_baseline_cannot_forge_terminal_or_markdown_output(pytester) -> None:
-    pytester.makepyfile(test_x=(
-        "def mm(npu):\n    npu.matmul(npu.tensor((64, 64)), npu.tensor((64, 64)))\n\n"
-        "def test_x(oam_profile):\n    oam_profile.run(mm)\n"))
-    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
-    path = pytester.path / "baselines" / baseline_filename("test_x.py::test_x")
-    data = json.loads(path.read_text())
+    path, data = saved_matmul_baseline(pytester)
     crafted = "Softmax\x1b[32m PASSED\x1b[0m\r\n| forged | row |<script>alert(1)</script>"
     data["runs"][0]["ops"][crafted] = data["runs"][0]["ops"]["MatMul"]
     path.write_text(json.dumps(data))
@@ -325,12 +330,7 @@ def test_a_workload_larger_than_the_hbm_fails_and_is_never_saved_in_default_mode
 
 
 def test_an_implausible_baseline_value_errors_the_test_naming_the_file(pytester) -> None:
-    pytester.makepyfile(test_x=(
-        "def mm(npu):\n    npu.matmul(npu.tensor((64, 64)), npu.tensor((64, 64)))\n\n"
-        "def test_x(oam_profile):\n    oam_profile.run(mm)\n"))
-    pytester.runpytest("--oam-save-baseline").assert_outcomes(passed=1)
-    path = pytester.path / "baselines" / baseline_filename("test_x.py::test_x")
-    data = json.loads(path.read_text())
+    path, data = saved_matmul_baseline(pytester)
     data["runs"][0]["ops"]["MatMul"]["time_s"] = 1e308
     path.write_text(json.dumps(data))
     result = pytester.runpytest("--oam-baseline")

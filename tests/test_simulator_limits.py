@@ -133,7 +133,7 @@ def test_a_llama_layout_that_does_not_fit_is_out_of_memory_in_every_mode(memory)
     # card, fp16 weights and gradients (4 B each) and the fp32 master weights and Adam moments
     # sharded over dp 4 (12 / 4 B each) = 21.96 GiB, plus the activations and the tensor-parallel
     # communicator's 400 MiB, leave no room for the data-parallel communicator's 400 MiB.
-    run = dict(devices=8, seq_len=3072, layout=ParallelLayout(2, 4), memory=memory)
+    run = {"devices": 8, "seq_len": 3072, "layout": ParallelLayout(2, 4), "memory": memory}
     match = (r"for the HCCL communicator of ranks \[0, 2, 4, 6\]; ascend910 has 32.00 GiB" if not memory
              else "NPU out of memory. Tried to allocate 66.00 MiB")
     with pytest.raises(OutOfMemoryError, match=match):

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
+from ..judge.status import GateStatus
+
 if TYPE_CHECKING:
     from simulator.hardware import HardwareSpec
     from simulator.profile import Profile
@@ -24,8 +26,6 @@ TOP_OPS = 3
 def gate_fails(status: str, compared_nothing: bool, strict: bool, fail_on_improvement: bool) -> bool:
     """Does a test with this gate status fail? (:meth:`GateStatus.fails`; a test where nothing
     could be compared fails whatever its status.)"""
-    from ..judge.status import GateStatus
-
     return compared_nothing or GateStatus(status).fails(strict=strict, fail_on_improvement=fail_on_improvement)
 
 
