@@ -8,8 +8,9 @@
     current = oam.collect_profile(model="llama-7b", dataset="wikitext-103")
     report = oam.compare_profiles(baseline, current, regression_threshold=0.05)
 
-The comparison and the diagnosis are the plugin's own (:mod:`pytest_oam.compare`,
-:mod:`pytest_oam.diagnosis`); baseline files are the plugin's format, loadable by either.
+A run is judged by the plugin's own gate (:func:`pytest_oam.gate.evaluate.judge_run`, which
+the plugin calls for each run of a test: the comparison, then the diagnosis of each
+regression); baseline files are the plugin's format, loadable by either. Times are in seconds.
 """
 
 from __future__ import annotations
@@ -38,25 +39,20 @@ from .files.baseline import (
 )
 from .files.fileio import atomic_write_bytes, atomic_write_text
 from .format import fmt_percent, fmt_us
-from .judge.compare import (
+from .judge.compare import (  # REAL_MIN_DELTA_S: defined with the comparison (the gate applies it too)
+    REAL_MIN_DELTA_S,  # noqa: F401 - importable here, where compare_profiles documents it
     SIGNIFICANCE_ALPHA,
     RunComparison,
     Verdict,
-    apply_significance,
     check_alpha,
-    compare_run,
     summarize,
 )
-from .judge.explain import Finding, PeakMemory, diagnose
+from .judge.explain import Finding
 from .judge.thresholds import DEFAULT_THRESHOLDS, LimitResolver, parse_limit
 
 #: Steps a profile collects by default (each draws its sequence length from the dataset).
 DEFAULT_STEPS = 4
 DEFAULT_HARDWARE = "Ascend 910 x 8"
-#: Smallest change that counts between imported real profiles: run-to-run noise of a few
-#: microseconds on tiny ops (the two real torch_npu AlexNet runs in the tests differ by up to
-#: 4 us on ops of 3-12 us) is not a regression.
-REAL_MIN_DELTA_S = 20e-6
 #: Sequence length of every step when no dataset is given.
 DEFAULT_SEQ_LEN = 2048
 
@@ -371,13 +367,36 @@ class ProfileBaseline:
 
 @dataclass(frozen=True)
 class Regression:
-    """One regressed op type (or ``step``). Times in milliseconds; ratio = current / baseline."""
+    """One regressed op type (or ``step``): its time per step in seconds at the baseline and
+    now, ``regression_ratio`` = current / baseline, and the limit it broke (a fraction).
+
+    ``baseline_time_ms`` and ``current_time_ms`` (milliseconds) are deprecated: they still
+    work, with a ``DeprecationWarning``; use ``baseline_time_s`` and ``current_time_s``.
+    """
 
     op_name: str
-    baseline_time_ms: float
-    current_time_ms: float
+    baseline_time_s: float
+    current_time_s: float
     regression_ratio: float
     limit_frac: float
+
+    @property
+    def baseline_time_ms(self) -> float:
+        """Deprecated: :attr:`baseline_time_s` in milliseconds."""
+        _deprecated("Regression.baseline_time_ms", "Regression.baseline_time_s")
+        return self.baseline_time_s * MS_PER_S  # not display: the deprecated field's unit
+
+    @property
+    def current_time_ms(self) -> float:
+        """Deprecated: :attr:`current_time_s` in milliseconds."""
+        _deprecated("Regression.current_time_ms", "Regression.current_time_s")
+        return self.current_time_s * MS_PER_S  # not display: the deprecated field's unit
+
+
+def _deprecated(old: str, new: str) -> None:
+    import warnings
+
+    warnings.warn(f"{old} is deprecated: use {new} (seconds)", DeprecationWarning, stacklevel=3)
 
 
 #: Version of :meth:`ComparisonReport.to_json` (``oam compare --format json``). 2: the findings'
@@ -404,13 +423,22 @@ class ComparisonReport:
         return self.status == "regressed"
 
     @property
+    def passed(self) -> bool:
+        """Does the comparison pass the gate? True for ``pass`` and ``improved``; False for
+        ``regressed``, ``missing-ops`` and ``incomparable`` (the statuses
+        :meth:`~pytest_oam.judge.status.GateStatus.fails` fails with ``strict``, as ``oam compare``
+        exits 1 on them) and when nothing could be compared, so ``assert report.passed`` misses no
+        failing status (``not report.regressions`` passes a ``missing-ops`` report)."""
+        from .judge.status import GateStatus
+
+        return not (self.comparison.compared_nothing or GateStatus(self.status).fails(strict=True))
+
+    @property
     def regressions(self) -> list[Regression]:
         """Regressed rows measured in time: op types, ``step`` and ``alloc_time``. Peak memory
         and cache flushes are in :attr:`memory_regressions`."""
         return [
-            # not display: Regression's fields are milliseconds (its public API)
-            Regression(v.op_type, v.baseline_s * MS_PER_S, v.current_s * MS_PER_S, v.current_s / v.baseline_s,
-                       v.limit_frac)
+            Regression(v.op_type, v.baseline_s, v.current_s, v.current_s / v.baseline_s, v.limit_frac)
             for v in self.comparison.verdicts
             if v.status == "regressed" and v.unit == "s"
         ]
@@ -514,6 +542,13 @@ def _as_run(value: ProfileBaseline | BaselineFile | Profile, role: str,
     return matching[0], None
 
 
+def _bundled_spec(name: str):
+    """The bundled spec called ``name``, or ``None`` (a profile of a card this version does not ship)."""
+    from simulator.hardware import list_hardware, load_hardware
+
+    return load_hardware(name) if name in list_hardware() else None
+
+
 def compare_profiles(
     baseline: ProfileBaseline | BaselineFile | Profile,
     current: Profile | ProfileBaseline | BaselineFile,
@@ -522,7 +557,9 @@ def compare_profiles(
     min_delta_s: float | None = None,
     alpha: float = SIGNIFICANCE_ALPHA,
 ) -> ComparisonReport:
-    """Compare ``current`` with ``baseline`` with the plugin's comparison and diagnosis.
+    """Compare ``current`` with ``baseline`` through the plugin's gate: the run is judged by
+    :func:`pytest_oam.gate.evaluate.judge_run`, as each run of a test is, and the diagnosis
+    rules run over the current profile.
 
     ``regression_threshold`` is the default limit (``0.05`` or ``"5%"``); FlashAttention and the
     peak-memory rows keep the plugin's stricter limits (2% and 5%, or the threshold if lower); ``thresholds`` sets
@@ -561,28 +598,26 @@ def compare_profiles(
             f"the baseline was made on {base_run.hardware} x {base_run.devices}, the current profile on "
             f"{current_run.hardware} x {current_run.devices}: collect both on the same hardware"
         )
-    if min_delta_s is None:
-        min_delta_s = REAL_MIN_DELTA_S if current_run.hardware.startswith("real:") else 0.0
-    if min_delta_s < 0 or not math.isfinite(min_delta_s):
+    if min_delta_s is not None and (min_delta_s < 0 or not math.isfinite(min_delta_s)):
         raise ValueError(f"min_delta_s must be a finite number >= 0, got {min_delta_s!r}")
-    comparison = compare_run(0, base_run, current_run, resolver, min_delta_s)
-    if base_profile is not None and current_profile is not None:
-        comparison = apply_significance(comparison, base_profile, current_profile, alpha)
+    from .gate.evaluate import card_spec, judge_run
+
+    # the plugin's gate judges each run with the same function (by default REAL_MIN_DELTA_S for
+    # an imported real profile, 0 for a simulated one)
+    spec = card_spec(current_run.hardware, _bundled_spec)
+    comparison, findings = judge_run(0, base_run, current_run, resolver, profile=current_profile,
+                                     baseline_profile=base_profile, hardware=spec, min_delta_s=min_delta_s,
+                                     alpha=alpha)
     rows = {v.op_type for v in comparison.verdicts}
     unmatched = [p for p in per_op if not any(fnmatchcase(row, p) for row in rows)]
     if unmatched:
         note = ("thresholds match no row of this comparison: " + ", ".join(unmatched)
                 + " (op types are case-sensitive: " + ", ".join(sorted(rows)) + ")")
         comparison = dataclasses.replace(comparison, reasons=[*comparison.reasons, note])
-    findings = diagnose(comparison, current_profile, current_run.ops, base_run.ops,
-                        PeakMemory.of(current_run, base_run, current_profile))
     rules = []
     if current_profile is not None:
-        from simulator.hardware import list_hardware, load_hardware
-
         from .judge.rules import run_rules
 
-        spec = load_hardware(current_profile.hardware) if current_profile.hardware in list_hardware() else None
         rules = run_rules(current_profile, spec)
     return ComparisonReport(comparison.status, comparison, findings, base_run, current_run,
                             {"default": limit, "FlashAttention*": flash, "memory.*": memory, **per_op}, rules)
@@ -633,6 +668,7 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
             return import_profile(path)
         except ImportError_ as exc:
             raise ProfileFileError(str(exc)) from None
+    from .files.file_kinds import input_problem, json_kind_problem, known_json_problem
     from .files.fileio import DuplicateKeyError, InputFileError, read_input
 
     duplicates: list[str] = []  # refused in our own formats, tolerated in foreign traces
@@ -649,11 +685,13 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
         raw, compressed = read_input(path)
         data = json.loads(raw, object_pairs_hook=note_duplicates)
     except InputFileError as exc:
-        raise ProfileFileError(f"{path}: {exc.problem}") from None
+        raise ProfileFileError(input_problem(path, exc.problem)) from None
     except RecursionError:
         raise ProfileFileError(f"{path}: is not a profile, a baseline or a trace: its JSON nests too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ProfileFileError(f"{path}: is not a JSON profile or baseline ({exc})") from None
+        # a profiler file's damage in its own words (file_kinds): "a torch_npu trace_view.json, an unclosed array"
+        raise ProfileFileError(known_json_problem(path, raw, exc)
+                               or f"{path}: is not a JSON profile or baseline ({exc})") from None
     if isinstance(data, list) or (isinstance(data, dict) and "traceEvents" in data):
         try:
             return import_chrome_trace(path)
@@ -669,7 +707,8 @@ def load_any(path: str | Path) -> Profile | BaselineFile:
             raise ProfileFileError(f"{path}: is a compressed baseline file; baselines are plain JSON")
         return load_baseline(path)
     if not isinstance(data, dict) or "ops" not in data:
-        raise ProfileFileError(f"{path}: is neither a profile (no 'ops') nor a baseline file (no 'runs')")
+        raise ProfileFileError(json_kind_problem(path, data)  # a profiler file of another kind (file_kinds)
+                               or f"{path}: is neither a profile (no 'ops') nor a baseline file (no 'runs')")
     if duplicates:
         raise ProfileFileError(f"{path}: is not a valid profile: it {DuplicateKeyError(duplicates[0])}")
     try:

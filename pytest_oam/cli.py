@@ -28,18 +28,28 @@ examples:
   oam collect --model llama-7b --focus FlashAttention -o current.json.gz
   oam compare baselines/llama-7b.json current.json.gz --threshold 5%
   oam replay .oam/records/FILE.oam.json.gz [--hardware ascend910b]
+  oam cluster cluster_analysis_output/cluster_step_trace_time.csv   # slow ranks, pipeline bubble
   oam validate                     # the simulator against published Ascend figures
+  oam validate --profile DIR       # ... and against a real torch_npu profile, kernel by kernel
 
 exit codes: 0 nothing regressed, 1 the comparison (or a validation case) failed, 2 bad usage or input.
 docs: docs/cli.md (the oam command), docs/api.md (the Python API)."""
 
 
-def _add_collect_options(parser: argparse.ArgumentParser) -> None:
+def _add_collect_options(parser: argparse.ArgumentParser, torch: bool = False) -> None:
     from .api import DEFAULT_HARDWARE, DEFAULT_STEPS
 
     group = parser.add_argument_group("workload")
-    group.add_argument("--model", required=True, metavar="NAME",
+    which = group.add_mutually_exclusive_group(required=True) if torch else group
+    which.add_argument("--model", required=not torch, metavar="NAME",
                        help="model zoo name (see 'oam models'), e.g. llama-7b")
+    if torch:
+        which.add_argument("--torch", metavar="MODULE:FUNCTION",
+                           help="capture your own torch step instead, e.g. train.py:train_step or "
+                                "mypkg.train:train_step (PyTorch needed: pip install 'pytest-oam[torch]')")
+        group.add_argument("--setup", metavar="MODULE:FUNCTION",
+                           help="with --torch: called once first; its results are the step's first arguments")
+
     group.add_argument("--dataset", default="wikitext-103", metavar="NAME",
                        help="sequence-length distribution each step draws from (default: %(default)s); "
                             "'none' for a fixed --seq-len")
@@ -148,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         "collect", help="simulate a model and write its profile",
         description="Simulate a model and write its full profile as JSON (gzip-compressed when "
                     "FILE ends in .gz).")
-    _add_collect_options(collect)
+    _add_collect_options(collect, torch=True)
     collect.add_argument("--focus", metavar="OP",
                          help="keep full records only for this op type (or glob) and its neighbours; "
                               "summarise the rest")
@@ -174,9 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     _format_option(compare)
 
     commands.add_parser(
-        "validate", help="compare the simulator with published Ascend figures", add_help=False,
+        "validate", help="compare the simulator with published Ascend figures, or (--profile) with a real "
+                         "profile kernel by kernel", add_help=False,
         description="Simulate every case of simulator/validation/figures.json and print case, "
-                    "hardware, published and simulated figure, error, tolerance and result.")
+                    "hardware, published and simulated figure, error, tolerance and result; with --profile, "
+                    "re-cost every kernel of a real torch_npu profile and compare.")
     sweep = commands.add_parser(
         "sweep", help="map an operator's efficiency over a grid of shapes",
         description="Simulate an operator over a grid of shapes and print its least efficient "
@@ -227,6 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "ui.perfetto.dev or chrome://tracing.")
     trace.add_argument("profile", type=Path, metavar="PROFILE")
     _output_option(trace, "trace (.json, or .json.gz)")
+
+    cluster = commands.add_parser(
+        "cluster", help="compare the ranks of a job: slow ranks and the pipeline bubble",
+        description="Read every rank's step split (msprof-analyze's cluster_step_trace_time.csv, a folder holding "
+                    "it, or a folder of torch_npu rank folders *_ascend_pt) and print the per-rank table, the "
+                    "pipeline stage with the bubble and the slow ranks with why; exit 1 when a rank is slower than "
+                    "its stage's median by more than the threshold.")
+    cluster.add_argument("path", type=Path, metavar="PATH",
+                         help="cluster_step_trace_time.csv, or a folder with it or with rank folders")
+    cluster.add_argument("--threshold", default="10%", metavar="LIMIT",
+                         help="how far over its stage's median a rank's computing, communication, free or step time "
+                              "may be, as a share of the stage's median step (default: %(default)s)")
+    _format_option(cluster)
 
     commands.add_parser("models", help="list the model zoo, datasets and hardware",
                         description="List the names --model, --dataset and --hardware accept.")
@@ -294,6 +319,17 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     from .api import collect_profile, save_profile
 
     _refuse_overwrite(args.output, args.force)
+    if args.torch:
+        from .torch_step import collect_torch
+
+        profile = collect_torch(args.torch, args.setup, hardware=args.hardware, steps=args.steps,
+                                given=_given_zoo_options(args))
+        save_profile(profile, args.output)
+        _print(f"wrote {args.output}: {profile.hardware} x {profile.devices}, {profile.steps} steps, "
+               f"{len(profile.ops)} op records")
+        return EXIT_OK
+    if args.setup:
+        raise ValueError("--setup goes with --torch (a zoo model needs no setup)")
     profile = collect_profile(args.model, _dataset(args.dataset), hardware=args.hardware, steps=args.steps,
                               seed=args.seed, max_seq_len=args.max_seq_len, focus=args.focus,
                               context_ops=args.context_ops, seq_len=args.seq_len, params=_params(args.param))
@@ -302,6 +338,16 @@ def _cmd_collect(args: argparse.Namespace) -> int:
     _print(f"wrote {args.output}: {profile.hardware} x {profile.devices}, {profile.steps} steps, "
            f"{len(profile.ops)} op records{kept}")
     return EXIT_OK
+
+
+def _given_zoo_options(args: argparse.Namespace) -> list[str]:
+    """The zoo-model options given on the command line (meaningless with --torch)."""
+    given = [f"--param {key}" for key, _ in args.param]
+    if args.seq_len is not None:
+        given.append("--seq-len")
+    if args.focus is not None or args.context_ops is not None:
+        given.append("--focus/--context-ops")
+    return given
 
 
 def _min_delta_s(min_delta_us: float) -> float:
@@ -498,6 +544,20 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from .cluster import cluster_analysis, cluster_json, cluster_text
+    from .judge.thresholds import ThresholdError, parse_limit
+
+    try:
+        threshold = parse_limit(args.threshold)
+    except ThresholdError as exc:
+        raise ThresholdError(f"--threshold: {exc}") from None
+    analysis = cluster_analysis(args.path, threshold)
+    _print(cluster_json(analysis) if args.format == "json"
+           else cluster_text(analysis, "github" if args.format == "markdown" else "simple"))
+    return EXIT_FAILED if analysis.slow_ranks else EXIT_OK
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from simulator.datasets import DATASETS
     from simulator.hardware import list_hardware
@@ -521,9 +581,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["validate"]:  # its options live with the validation itself
+        from .kernel_replay import main as replay_main
+        from .kernel_replay import profile_help, wants_profile
+
+        if wants_profile(argv[1:]):  # a real profile, kernel by kernel
+            return replay_main(argv[1:])
         from simulator.validation import main as validate_main
 
-        return validate_main(argv[1:])
+        try:
+            return validate_main(argv[1:])
+        except SystemExit as exc:
+            if exc.code == 0:  # its --help: the --profile form's options too
+                _print("\n" + profile_help())
+            raise
     args = parser.parse_args(argv)
     handler = {
         ("baseline", "create"): _cmd_baseline_create,
@@ -534,6 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("sweep", None): _cmd_sweep,
         ("replay", None): _cmd_replay,
         ("trace", None): _cmd_trace,
+        ("cluster", None): _cmd_cluster,
         ("tune", None): _cmd_tune,
     }[(args.command, getattr(args, "action", None))]
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from simulator.units import GIGA, MS_PER_S, US_PER_S, GiB, KiB, MiB
+from simulator.units import GIGA, MEGA, MS_PER_S, US_PER_S, GiB, KiB, MiB
 
 
 def fmt_time(seconds: float | None) -> str:
@@ -239,3 +239,8 @@ def fmt_gflop(flop: float) -> str:
 def fmt_mib(size: float) -> str:
     """A byte count in MiB, for a table column that names the unit."""
     return f"{size / MiB:,.1f}"
+
+
+def fmt_mhz(clock_hz: float) -> str:
+    """A clock in MHz, as CANN's platform files and npu-smi give it: ``fmt_mhz(1.65e9)`` is ``"1650 MHz"``."""
+    return f"{clock_hz / MEGA:.0f} MHz"

@@ -201,7 +201,7 @@ class _Dormant:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # the controller under xdist: a worker gated a test, so the results need a session here
-        if hasattr(report, "oam_gate") or hasattr(report, "oam_tuned"):
+        if hasattr(report, "oam_gate"):
             activate(self.config).pytest_runtest_logreport(report)
 
 

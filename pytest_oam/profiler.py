@@ -70,6 +70,12 @@ class OamProfiler:
             workload, *args, steps=steps, hardware=hardware, devices=devices, op_time_scale=op_time_scale,
             collection=collection, **kwargs,
         )
+        self._keep(profile, workload, args, kwargs, steps, devices, op_time_scale, collection)
+        return profile
+
+    def _keep(self, profile: Profile, workload, args: tuple, kwargs: dict, steps: int, devices: int,
+              op_time_scale: dict[str, float] | None, collection: str) -> None:
+        """Keep ``profile`` for the gate, with how it was made (for --oam-record)."""
         self.profiles.append(profile)
         allocator = kwargs.get("allocator")
         self.run_configs.append({
@@ -81,6 +87,82 @@ class OamProfiler:
             "allocator": None if allocator is None else str(allocator),
             "collection": collection,
         })
+
+    def load(self, path: str | os.PathLike) -> Profile:
+        """Read a real profile at ``path`` and keep it for the gate, like a simulated run:
+        whatever :func:`pytest_oam.api.load_any` reads (a torch_npu output folder or its
+        ``kernel_details.csv``, an msprof ``op_summary_*.csv``, a torch_npu ``trace_view.json``,
+        a Kineto trace, or a profile ``oam collect`` wrote). A relative path is relative to the
+        current folder. Baselines, thresholds, markers, statuses, reports and records then treat
+        it as they treat ``run``'s profiles; changes under
+        :data:`pytest_oam.judge.compare.REAL_MIN_DELTA_S` (20 us) do not count for imported runs,
+        whose hardware is ``real:<source>``.
+
+        Nothing readable at ``path`` (missing, empty, mis-encoded, cut short, of another kind) or
+        a baseline file fails the test with one line naming the file and what is wrong, without
+        a traceback (``pytest.fail``).
+        """
+        __tracebackhide__ = True
+        from simulator.profile import Profile
+
+        from .api import ProfileFileError, load_any
+
+        try:
+            profile = load_any(path)
+        except ProfileFileError as exc:
+            pytest.fail(f"oam_profile.load: {exc}", pytrace=False)
+        if not isinstance(profile, Profile):
+            pytest.fail(f"oam_profile.load: {path}: is a baseline file; load a profile or real profiler output",
+                        pytrace=False)
+        self.profiles.append(profile)
+        self.run_configs.append({
+            "workload": "oam_profile.load", "arguments": _arguments_repr((os.fspath(path),), {}),
+            "steps": profile.steps, "hardware": profile.hardware, "devices": profile.devices,
+            "op_time_scale": {}, "memory": bool(profile.memory), "allocator": None, "collection": profile.collection,
+        })
+        return profile
+
+    def run_torch(self, step, *args, setup=None, steps: int = 1, hardware: str | None = None,
+                  devices: int | None = None, op_time_scale: dict[str, float] | None = None, **kwargs) -> Profile:
+        """Capture the user's torch ``step(*setup(), *args, **kwargs)`` on the simulator
+        (:func:`simulator.capture.run_torch`) and keep its profile for the gate, as :meth:`run`.
+
+        ``hardware`` and ``devices`` default as in :meth:`run`. PyTorch operators no mapping
+        knows are costed generically and named in a warning; under ``--oam-strict`` they fail
+        the test.
+
+        Raises:
+            TorchMissingError: PyTorch is not installed.
+            CaptureError: the step reads tensor values or runs device-specific code (the
+                message names the line), or ``setup`` returned None.
+            TypeError, ValueError: as :meth:`run`.
+        """
+        __tracebackhide__ = True
+        import warnings
+
+        import simulator
+        from simulator.capture import CaptureError, TorchMissingError, UnmappedOpsWarning
+
+        hardware = first_given(hardware, self._marker.hardware, self._settings.hardware)
+        devices = first_given(devices, self._marker.devices, 1)
+        collection = kwargs.pop("collection", None) or self._settings.collection()
+        problem = None
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", UnmappedOpsWarning)
+                profile = simulator.run_torch(step, *args, setup=setup, steps=steps, hardware=hardware,
+                                              devices=devices, op_time_scale=op_time_scale, collection=collection,
+                                              **kwargs)
+        except (CaptureError, TorchMissingError) as error:
+            problem = f"oam_profile.run_torch: {error}"
+        if problem is not None:  # outside the except block: the one line, without the chained traceback
+            pytest.fail(problem, pytrace=False)
+        for warning in caught:
+            if issubclass(warning.category, UnmappedOpsWarning) and self._settings.strict:
+                pytest.fail(f"oam_profile.run_torch: {warning.message} (--oam-strict fails a step with "
+                            "operators the simulator does not model)", pytrace=False)
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        self._keep(profile, step, args, kwargs, steps, devices, op_time_scale, collection)
         return profile
 
     # -- performance properties over shapes (pytest_oam.perf); nothing here is gated ----------

@@ -3,20 +3,23 @@ Its options are in :mod:`.settings`, markers in :mod:`.markers`, the fixture's o
 :mod:`.profiler`, the terminal summary in :mod:`.summary`, pruning in :mod:`.prune`.
 
 Data flow: the ``oam_profile`` fixture runs workloads (on an xdist worker or in-process) ->
-the ``pytest_runtest_makereport`` hook compares the profiles with the baseline and attaches
-the result, as builtin types, to the test report (``report.oam_gate``) -> the controller's
-``pytest_runtest_logreport`` collects results and writes baselines -> terminal summary and the
-JSON report at the end. Only the controller writes files.
+the ``pytest_runtest_makereport`` hook compares the profiles with the baseline (then the tuned
+check and ``--oam-record``, each returning a new result) and attaches the one
+:class:`~pytest_oam.gate.result.GateResult`, as builtin types, to the test report
+(``report.oam_gate``) -> the controller's ``pytest_runtest_logreport`` validates it, once,
+collects results and writes baselines -> terminal summary and the reports at the end, which
+take the typed results. Only the controller writes files (and a worker its records).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from .gate.evaluate import GateInputs
+from .judge.status import GateStatus
 from .markers import marker_of
 from .profiler import PROFILER_KEY, OamProfiler
 from .prune import prune_refusal, stale_baselines
@@ -30,6 +33,12 @@ from .settings import (
     usage_error,
 )
 
+if TYPE_CHECKING:
+    from .files.baseline import BaselineFile
+    from .gate.result import GateResult
+    from .report.html import RunSeries
+    from .report.model import GateReport
+
 
 class OamSession:
     """Registered once per pytest run as a plugin; holds the gate's state."""
@@ -42,7 +51,7 @@ class OamSession:
         self.settings_error: str | None = None
         self.is_worker = hasattr(config, "workerinput")
         self.bad_markers: dict[str, str] = {}  # nodeid -> message, on an xdist worker
-        self.results: dict[str, dict[str, Any]] = {}
+        self.results: dict[str, GateResult] = {}  # validated once, on arrival (the controller)
         self.written: list[str] = []
         self.op_types_seen: set[str] = set()
         self.report_errors: dict[Path, str] = {}
@@ -50,15 +59,15 @@ class OamSession:
         self.unused_baselines: list[str] = []  # gate mode, full run: files no collected test reads
         self.collected: set[str] = set()
         self.order: dict[str, int] = {}  # test id -> collection position, for reports in test order
-        self.pending_saves: dict[str, dict[str, Any]] = {}
+        self.pending_saves: dict[str, BaselineFile] = {}
         #: Tests with a failed call report: their own, or a subtest's (not saved as baselines).
         self.failed_calls: set[str] = set()
         self.partial: set[str] = set()
         self.prune_refused: str | None = None
         self.save_errors: list[str] = []
         self.recorded: list[str] = []
-        #: Per test id, the per-step series of its runs (for an HTML report), sent like the gate.
-        self.series: dict[str, list[dict[str, Any]]] = {}
+        #: Per test id, the per-step series of its runs (for an HTML report), sent with the gate.
+        self.series: dict[str, list[RunSeries]] = {}
         self._kb = None  # the knowledge base of the tuned check, read when first needed
         #: Per test id, tuned checks skipped for want of a record (shown in the summary).
         self.tuned_notes: dict[str, list[str]] = {}
@@ -104,12 +113,10 @@ class OamSession:
         for nodeid in ids:
             self.order.setdefault(nodeid, len(self.order))
 
-    def tests_in_order(self) -> list:
+    def tests_in_order(self) -> list[GateReport]:
         """The gated tests' reports in collection order (xdist finishes them in any order)."""
-        from .report.model import GateReport
-
         ordered = sorted(self.results.items(), key=lambda kv: self.order.get(kv[0], len(self.order)))
-        return [GateReport.model_validate(r) for _, r in ordered]
+        return [result.report for _, result in ordered]
 
     def _note_partial(self, reason: str) -> None:
         """Remember why this run may not see every test (for --oam-prune); workers pass it on."""
@@ -240,7 +247,7 @@ class OamSession:
 
     def _evaluate(
         self, item: pytest.Item, profiler: OamProfiler, test_passed: bool = True
-    ) -> tuple[dict[str, Any], str | None]:
+    ) -> tuple[GateResult, str | None]:
         """Compare the test's profiled runs with its baseline: (gate result, failure text)."""
         from .gate.evaluate import evaluate_gate
 
@@ -252,33 +259,39 @@ class OamSession:
         report = yield
         if self.unusable() or getattr(report, "context", None) is not None:
             return report  # a subtest's report: the gate judges the whole test, on its call report
-        report = self._gate_report(item, call, report)
+        result = self._gate_report(item, call, report)
         if report.when == "call":
-            self._tuned_check(item, report)
+            result = self._tuned_check(item, report, result)
             pending = self._pending_records.pop(item.nodeid, None)
             mode = self.settings.record
-            if pending is not None and (mode == "all" or (mode == "failed" and report.failed)):
-                self._record(item, *pending)  # after the tuned check, which can fail the test too
+            if pending is not None and result is not None and (mode == "all" or (mode == "failed" and report.failed)):
+                result = self._record(item, result, *pending)  # after the tuned check, which can fail the test too
+        if result is not None:  # as builtin types: xdist sends the report's __dict__ as JSON
+            report.oam_gate = result.model_dump(mode="json")
         return report
 
-    def _gate_report(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> pytest.TestReport:
-        """The baseline gate of the test's profiled runs, attached to (and maybe failing) ``report``."""
+    def _gate_report(self, item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport) -> GateResult | None:
+        """The baseline gate of the test's profiled runs (failing ``report`` when it fails);
+        ``None``: nothing to gate."""
         if report.when == "setup" and call.excinfo is not None:
             from .files.baseline import BaselineError
 
             if isinstance(call.excinfo.value, BaselineError):
+                from .gate.result import GateResult
+                from .report.model import GateReport
+
                 exc = call.excinfo.value
                 report.longrepr = f"oam: invalid baseline: {exc}"
-                report.oam_gate = {"report": {"nodeid": item.nodeid, "status": "invalid-baseline",
-                                              "baseline_path": exc.path, "message": str(exc)}}
-            return report
+                return GateResult(report=GateReport(nodeid=item.nodeid, status=GateStatus.INVALID_BASELINE,
+                                                    baseline_path=exc.path, message=str(exc)))
+            return None
         if report.when != "call":
-            return report
+            return None
         profiler = item.stash.get(PROFILER_KEY, None)
         if profiler is None:
             return self._unprofiled_with_baseline(item, report)
         if not profiler.profiles and profiler.baseline is None:
-            return report
+            return None
         if not profiler.profiles and not report.passed:
             return self._ended_before_profiling(item, report, profiler.baseline_path)
         try:
@@ -288,22 +301,20 @@ class OamSession:
 
             report.outcome = "failed"
             report.longrepr = "oam: internal error while gating this test:\n" + traceback.format_exc()
-            return report
-        result["test_passed"] = report.passed
+            return None
         body_outcome = report.outcome
         if self.wants_series:
             from .report.html import series_from_profile
 
-            result["series"] = [series_from_profile(p).model_dump(mode="json") for p in profiler.profiles]
-        report.oam_gate = result
+            result = result.model_copy(update={"series": [series_from_profile(p) for p in profiler.profiles]})
         from .summary import junit_properties
 
-        item.user_properties.extend(junit_properties(result["report"]))  # JUnit XML <property> entries
+        item.user_properties.extend(junit_properties(result.report))  # JUnit XML <property> entries
         if text is not None:
             self._fail(report, text)
         if profiler.profiles and self.settings.record != "none":
-            self._pending_records[item.nodeid] = (profiler, result, text, body_outcome)
-        return report
+            self._pending_records[item.nodeid] = (profiler, text, body_outcome)
+        return result
 
     # -- the tuned check: is each call near the tuned optimum of the knowledge base? ---------------
 
@@ -317,37 +328,33 @@ class OamSession:
             self._kb = load_knowledge_base(self.settings.knowledge_base)
         return self._kb
 
-    def _tuned_check(self, item: pytest.Item, report: pytest.TestReport) -> None:
+    def _tuned_check(self, item: pytest.Item, report: pytest.TestReport,
+                     result: GateResult | None) -> GateResult | None:
         """The tuned check of the test's profiled calls (:func:`pytest_oam.gate.tuned.tuned_check`),
-        carried by the report (and its gate result, for the reports), failing it when a call is
-        too slow."""
+        failing ``report`` when a call is too slow: the gate result with the check in its report
+        (for the summary and the reports), a new one (:meth:`GateResult.with_tuned`)."""
         marker = marker_of(item).tuned if item.get_closest_marker("oam") is not None else {}
         if not (marker or self.settings.cli_tuned_limits or self.settings.ini_tuned_limits):
-            return
+            return result
         from .gate.tuned import tuned_check
 
         profiler = item.stash.get(PROFILER_KEY, None)
-        result = tuned_check(
+        checked = tuned_check(
             profiler.profiles if profiler is not None else [],
             [c["arguments"] or None for c in profiler.run_configs] if profiler is not None else [],
             marker=marker, cli=self.settings.cli_tuned_limits, ini=self.settings.ini_tuned_limits,
             knowledge_base=self._knowledge_base, strict=self.settings.strict, test_passed=report.passed,
         )
-        report.oam_tuned = {"checked": result.checked, "failures": result.failures, "notes": result.notes}
-        gate = getattr(report, "oam_gate", None)
-        if gate is not None:  # the reports (JSON, Markdown, HTML) carry the tuned check too
-            gate["report"]["tuned_failures"] = result.failures
-            gate["report"]["tuned_notes"] = result.notes
-        if not result.failures:
-            return
-        if gate is not None:
-            gate["test_passed"] = False  # no baseline is saved from a run that failed its tuned check
-            gate["report"]["failed"] = True
-        self._fail(report, f"oam tuned check: FAILED {item.nodeid}\n" + "\n".join(result.failures))
+        if result is not None:  # (no gate result: nothing profiled, so no notes to carry either)
+            result = result.with_tuned(checked.failures, checked.notes)
+        if checked.failures:
+            self._fail(report, f"oam tuned check: FAILED {item.nodeid}\n" + "\n".join(checked.failures))
+        return result
 
-    def _record(self, item: pytest.Item, profiler: OamProfiler, result: dict[str, Any], text: str | None,
-                body_outcome: str) -> None:
-        """Write the test's record (``--oam-record``); the path or the error goes to the controller."""
+    def _record(self, item: pytest.Item, result: GateResult, profiler: OamProfiler, text: str | None,
+                body_outcome: str) -> GateResult:
+        """Write the test's record (``--oam-record``): the result names the file, or the error,
+        for the controller's summary."""
         from .gate.record import RunConfig, make_record, record_filename, write_record
 
         path = self.settings.record_dir / record_filename(item.nodeid)
@@ -357,13 +364,12 @@ class OamSession:
                 gate_inputs=self.gate_inputs(item, profiler).to_dict(), rules=sorted(self.settings.rules),
                 baseline=profiler.baseline,
                 runs=[(RunConfig(**c), p) for c, p in zip(profiler.run_configs, profiler.profiles)],
-                gate=result["report"], failure_text=text,
+                gate=result.report, failure_text=text,
             )
             write_record(path, record)
         except (OSError, ValueError) as exc:
-            result["record_error"] = f"--oam-record: {self.display(path)} not written: {exc}"
-            return
-        result["record"] = self.display(path)
+            return result.model_copy(update={"record_error": f"--oam-record: {self.display(path)} not written: {exc}"})
+        return result.model_copy(update={"record": self.display(path)})
 
     @staticmethod
     def _fail(report: pytest.TestReport, text: str) -> None:
@@ -378,10 +384,11 @@ class OamSession:
         report.longrepr = text
 
     def _ended_before_profiling(self, item: pytest.Item, report: pytest.TestReport,
-                                path: Path | None) -> pytest.TestReport:
+                                path: Path | None) -> GateResult:
         """A test that skipped itself (``pytest.skip``, ``importorskip``, ``skipTest``), was an
         expected failure, or failed before any profiled run: its own outcome and reason stand, it
         is not gated, and its baseline is kept (nothing is saved over it)."""
+        from .gate.result import GateResult
         from .report.model import GateReport
 
         if hasattr(report, "wasxfail"):
@@ -395,29 +402,28 @@ class OamSession:
         reason = outcome_reason(report)
         message = (f"the test {how} before any profiled run" + (f" ({reason})" if reason else "") + ": not gated"
                    + ("; its baseline is kept" if path is not None and path.is_file() else ""))
-        gate = GateReport(nodeid=item.nodeid, status="not-gated", failed=False,
+        gate = GateReport(nodeid=item.nodeid, status=GateStatus.NOT_GATED, failed=False,
                           baseline_path=self.display(path) if path is not None else None, message=message)
-        report.oam_gate = {"report": gate.model_dump(mode="json"), "op_types": []}
-        return report
+        return GateResult(report=gate, test_passed=report.passed)
 
-    def _unprofiled_with_baseline(self, item: pytest.Item, report: pytest.TestReport) -> pytest.TestReport:
+    def _unprofiled_with_baseline(self, item: pytest.Item, report: pytest.TestReport) -> GateResult | None:
         """A gated test that has a baseline but no longer uses ``oam_profile``: nothing compared."""
         if self.settings.baseline_dir is None:
-            return report
+            return None
         path = self.baseline_path(item.nodeid, self.settings.baseline_dir)
         if not path.is_file():
-            return report
+            return None
         if not report.passed:  # it skipped, xfailed or failed on its own: that outcome stands
             return self._ended_before_profiling(item, report, path)
+        from .gate.result import GateResult
         from .report.model import GateReport
 
         message = "the test no longer uses the oam_profile fixture, but it has a baseline: nothing was compared"
-        gate = GateReport(nodeid=item.nodeid, status="missing-ops", failed=True,
+        gate = GateReport(nodeid=item.nodeid, status=GateStatus.MISSING_OPS, failed=True,
                           baseline_path=self.display(path), message=message)
-        report.oam_gate = {"report": gate.model_dump(mode="json"), "op_types": []}
         self._fail(report, f"oam performance gate: MISSING-OPS {item.nodeid}\nbaseline: {self.display(path)}\n"
                            f"note: {message}; remove the baseline file or profile the test again")
-        return report
+        return GateResult(report=gate)
 
     # -- controller side --------------------------------------------------------------------------
 
@@ -437,30 +443,31 @@ class OamSession:
             else:
                 self._save(report.nodeid, baseline)
             return
-        tuned = getattr(report, "oam_tuned", None)
-        if tuned is not None and tuned["notes"]:
-            self.tuned_notes[report.nodeid] = tuned["notes"]
         gate = getattr(report, "oam_gate", None)
         if gate is None:
             return
-        self.results[report.nodeid] = gate["report"]
-        if gate.get("record"):
-            self.recorded.append(gate["record"])
-        if gate.get("record_error"):
-            self.save_errors.append(gate["record_error"])
-        if "series" in gate:
-            self.series[report.nodeid] = gate["series"]
-        self.op_types_seen.update(gate.get("op_types", ()))
-        baseline = gate.get("baseline")
-        if baseline is not None and gate.get("test_passed") and self.settings.save_dir is not None:
-            self.pending_saves[report.nodeid] = baseline  # written once teardown passed too
+        from .gate.result import GateResult
 
-    def _save(self, nodeid: str, data: dict[str, Any]) -> None:
-        from .files.baseline import BaselineFile, save_baseline
+        result = GateResult.model_validate(gate)  # the one validation of a worker's result
+        self.results[report.nodeid] = result
+        if result.report.tuned_notes:
+            self.tuned_notes[report.nodeid] = result.report.tuned_notes
+        if result.record:
+            self.recorded.append(result.record)
+        if result.record_error:
+            self.save_errors.append(result.record_error)
+        if result.series is not None:
+            self.series[report.nodeid] = result.series
+        self.op_types_seen.update(result.op_types)
+        if result.baseline is not None and result.test_passed and self.settings.save_dir is not None:
+            self.pending_saves[report.nodeid] = result.baseline  # written once teardown passed too
+
+    def _save(self, nodeid: str, baseline: BaselineFile) -> None:
+        from .files.baseline import save_baseline
 
         path = self.baseline_path(nodeid, self.settings.save_dir)
         try:
-            save_baseline(path, BaselineFile.model_validate(data))
+            save_baseline(path, baseline)
         except (OSError, ValueError) as exc:
             self.save_errors.append(f"{path}: not written: {exc}")
             return

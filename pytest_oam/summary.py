@@ -1,18 +1,49 @@
 """What the gate prints at the end of a run (pytest's terminal summary), and what it adds to
-JUnit XML (``<property>`` entries of each test)."""
+JUnit XML (``<property>`` entries of each test).
+
+The summary reads the run's state through :class:`RunState`, the part of
+:class:`pytest_oam.session.OamSession` it needs (a protocol: this module does not import the
+session, which calls it).
+"""
 
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
 from .format import fmt_frac, fmt_ms, fmt_percent, terminal_safe
+from .judge.status import GateStatus
 from .judge.thresholds import MEMORY_ROWS, STEP_ROW
 
 if TYPE_CHECKING:
-    from .session import OamSession
+    from .report.model import GateReport
+    from .settings import OamSettings
+
+
+class RunState(Protocol):
+    """What the terminal summary reads of a run (the controller's session): the gated tests'
+    reports in test order (validated once, on arrival), and the files written, kept or refused."""
+
+    config: pytest.Config
+    settings: OamSettings
+    order: dict[str, int]
+    written: list[str]
+    recorded: list[str]
+    save_errors: list[str]
+    pruned: list[str]
+    prune_refused: str | None
+    prune_kept: list[str]
+    unused_baselines: list[str]
+    op_types_seen: set[str]
+    tuned_notes: dict[str, list[str]]
+    report_errors: dict[Path, str]
+
+    def tests_in_order(self) -> list[GateReport]: ...
+
+    def display(self, path: Path) -> str: ...
 
 
 def _line(tr, text: str, **markup: bool) -> None:
@@ -22,22 +53,22 @@ def _line(tr, text: str, **markup: bool) -> None:
     tr.write_line(terminal_safe(text), **markup)
 
 
-def write_summary(session: OamSession, terminalreporter) -> None:
+def write_summary(session: RunState, terminalreporter) -> None:
     """The gate's part of pytest's terminal summary (on the controller)."""
     _tuned_summary(session, terminalreporter)
-    if not (session.results or session.pruned or session.prune_refused or session.prune_kept or session.settings.report_paths
+    tests = session.tests_in_order()
+    if not (tests or session.pruned or session.prune_refused or session.prune_kept or session.settings.report_paths
             or session.save_errors or session.recorded or session.unused_baselines):
         return
     from .format import fmt_value
     from .report.text import summary_table
 
-    tests = session.tests_in_order()
     tr = terminalreporter
     tr.write_sep("=", "oam performance gate")
     if tests:
         tr.write_line(summary_table(tests))  # its cells are made safe
     for t in tests:
-        if t.status == "regressed":
+        if t.status is GateStatus.REGRESSED:
             worst = [v for v in t.verdicts if v.status == "regressed"]
             runs = " in run {}" if len(t.runs) > 1 else ""
             detail = ", ".join(
@@ -47,7 +78,7 @@ def write_summary(session: OamSession, terminalreporter) -> None:
                    if v.change_frac is None else
                    f"{fmt_frac(v.change_frac, signed=True)} (limit {fmt_frac(v.limit_frac)})") for v in worst)
             _line(tr, f"REGRESSED {t.nodeid}: {detail}", red=True, bold=True)
-        elif t.status not in ("pass", "not-gated") or t.message:
+        elif t.status not in (GateStatus.PASS, GateStatus.NOT_GATED) or t.message:
             color = {"red": True, "bold": True} if t.failed else {"yellow": True}
             prefix = f"FAILED ({t.status})" if t.failed else f"oam: {t.status}"
             _line(tr, f"{prefix} {t.nodeid}" + (f": {t.message}" if t.message else ""), **color)
@@ -118,7 +149,7 @@ def write_summary(session: OamSession, terminalreporter) -> None:
             _line(tr, f"    {line}", yellow=True)
     folder = session.settings.baseline_dir
     if (folder is not None and session.settings.save_dir is None and not folder.is_dir()
-            and any(t.status == "no-baseline" for t in tests)):
+            and any(t.status is GateStatus.NO_BASELINE for t in tests)):
         # Newcomer finding: run from another folder, a project without an ini file looks for
         # ./baselines there; every test was a quiet no-baseline
         where = (f"relative to the ini file {session.config.inipath}" if session.config.inipath else
@@ -133,7 +164,7 @@ def write_summary(session: OamSession, terminalreporter) -> None:
         _line(tr, f"oam: {error}", red=True)
 
 
-def _tuned_summary(session: OamSession, tr) -> None:
+def _tuned_summary(session: RunState, tr) -> None:
     """Tuned checks skipped for want of a record, in test order: visible, never silent."""
     if not session.tuned_notes:
         return
@@ -157,19 +188,19 @@ def outcome_reason(report: pytest.TestReport) -> str:
     return reason.splitlines()[0] if reason else ""
 
 
-def junit_properties(gate_report: dict[str, Any]) -> list[tuple[str, str]]:
+def junit_properties(gate_report: GateReport) -> list[tuple[str, str]]:
     """``("oam_finding", text)`` for each diagnosis finding and each finding that explains a
-    regression of a test's gate report (builtin types), as JUnit XML ``<property>`` entries."""
+    regression of a test's gate report, as JUnit XML ``<property>`` entries."""
     properties = []
-    for d in gate_report.get("diagnosis", []):
+    for d in gate_report.diagnosis:
         properties.append(
-            ("oam_finding", (f"{d['severity']} {d['rule_id']} {d['op_type']} at {d['location'] or '-'}: "
-                             f"{d['description']} (a fix saves about {fmt_ms(d['gain_s'], 3)} per step, "
-                             f"{fmt_percent(d['step_share_frac'], 1)}; {d['fix']})")))
-    for f in gate_report.get("findings", []):  # the explanation of a regression, same scale
-        sites = ", ".join(site for site, _ in f["call_sites"]) or "-"
-        cost = ("" if f["op_type"] in MEMORY_ROWS else  # memory rows have no time of their own
-                f": +{fmt_ms(f['delta_s'], 3)} per step ({fmt_percent(f['step_share_frac'], 1)} of the baseline step)")
+            ("oam_finding", (f"{d.severity} {d.rule_id} {d.op_type} at {d.location or '-'}: "
+                             f"{d.description} (a fix saves about {fmt_ms(d.gain_s, 3)} per step, "
+                             f"{fmt_percent(d.step_share_frac, 1)}; {d.fix})")))
+    for f in gate_report.findings:  # the explanation of a regression, same scale
+        sites = ", ".join(site for site, _ in f.call_sites) or "-"
+        cost = ("" if f.op_type in MEMORY_ROWS else  # memory rows have no time of their own
+                f": +{fmt_ms(f.delta_s, 3)} per step ({fmt_percent(f.step_share_frac, 1)} of the baseline step)")
         properties.append(
-            ("oam_finding", f"{f['severity']} {f['kind']} {f['op_type']} at {sites}{cost}; {'; '.join(f['advice'])}"))
+            ("oam_finding", f"{f.severity} {f.kind} {f.op_type} at {sites}{cost}; {'; '.join(f.advice)}"))
     return properties

@@ -13,6 +13,15 @@ from .runtime import NPU, ShapeError, Tensor, run
 from .version import SIMULATOR_VERSION
 from .version import __version__ as __version__
 
+
+def run_torch(step, *args, **kwargs) -> Profile:
+    """Capture the user's torch ``step`` on a simulated card: :func:`simulator.capture.run_torch`
+    (PyTorch is imported only when this is called)."""
+    from .capture import run_torch as capture
+
+    return capture(step, *args, **kwargs)
+
+
 __all__ = [
     "NPU",
     "SIMULATOR_VERSION",
@@ -26,4 +35,5 @@ __all__ = [
     "load_hardware",
     "register_op_callback",
     "run",
+    "run_torch",
 ]

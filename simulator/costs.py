@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from .hardware import HardwareSpec
 from .units import DTYPE_BYTES
+from .vector_profiles import GENERIC_OP_CLASSES, GENERIC_OP_PREFIX, VECTOR_PROFILES, VectorProfile
 
 Shape = tuple[int, ...]
 
@@ -479,79 +480,47 @@ def flash_attention_grad_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
 # Vector operators
 
 
-@dataclass(frozen=True, slots=True)
-class VectorProfile:
-    """How a Vector unit operator touches memory and which instructions it runs.
-
-    ``read_elements`` / ``write_elements`` are multiples of the first input's element count;
-    ``op_classes`` counts instruction classes per element; ``compute_dtype`` is the dtype the
-    Vector unit computes in.
-    """
-
-    read_elements: float
-    write_elements: float
-    op_classes: dict[str, float]
-    compute_dtype: str | None = None
-
-
-#: Per-op instruction mixes. Counts of instruction classes per element, from the operators'
-#: arithmetic (e.g. RmsNorm: square, reduce, scale by rsqrt, multiply by weight).
-VECTOR_PROFILES: dict[str, VectorProfile] = {
-    "Add": VectorProfile(2, 1, {"add": 1}),
-    "Mul": VectorProfile(2, 1, {"mul": 1}),
-    "Cast": VectorProfile(1, 1, {"cast": 1}),
-    "SiLU": VectorProfile(1, 1, {"exp": 1, "add": 1, "div": 1, "mul": 1}, "fp32"),
-    "SiLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 2, "div": 1, "mul": 3}, "fp32"),
-    "GeLU": VectorProfile(1, 1, {"exp": 1, "add": 2, "div": 1, "mul": 4}, "fp32"),
-    "GeLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 3, "div": 1, "mul": 6}, "fp32"),
-    "Softmax": VectorProfile(1, 1, {"max": 1, "add": 1, "exp": 1, "reduce": 1, "div": 1}, "fp32"),
-    "SoftmaxGrad": VectorProfile(2, 1, {"mul": 2, "reduce": 1, "add": 1}, "fp32"),
-    "RmsNorm": VectorProfile(1, 1, {"mul": 3, "reduce": 1}, "fp32"),
-    "RmsNormGrad": VectorProfile(2, 1, {"mul": 6, "reduce": 2, "add": 2}, "fp32"),
-    "LayerNorm": VectorProfile(1, 1, {"add": 3, "mul": 3, "reduce": 2}, "fp32"),
-    "LayerNormGrad": VectorProfile(2, 1, {"add": 4, "mul": 7, "reduce": 3}, "fp32"),
-    "RotaryPositionEmbedding": VectorProfile(1, 1, {"mul": 2, "add": 1}, "fp32"),
-    # Cross entropy over logits: softmax then pick the label; grad rewrites the logits.
-    "CrossEntropy": VectorProfile(1, 0, {"max": 1, "add": 1, "exp": 1, "reduce": 2}, "fp32"),
-    "CrossEntropyGrad": VectorProfile(1, 1, {"exp": 1, "div": 1, "add": 1}, "fp32"),
-    # AdamW on fp32 master weights: reads param, grad, m, v; writes param, m, v and the fp16
-    # copy. Elements counted in fp32 words.
-    "ApplyAdamW": VectorProfile(4, 3.5, {"mul": 7, "add": 4, "sqrt": 1, "div": 1}, "fp32"),
-    # SGD with momentum (ApplyMomentum): reads param, accum, grad; writes param, accum.
-    "ApplyMomentum": VectorProfile(3, 2, {"mul": 2, "add": 2}, "fp32"),
-    # Training batch norm as CANN splits it: BNTrainingReduce reads x for the sum and sum of
-    # squares, BNTrainingUpdate reads x again and writes y. The gradient reads dy and x for
-    # the two reductions, then dy and x again to write dx.
-    "BatchNorm": VectorProfile(2, 1, {"mul": 3, "add": 3, "reduce": 2}, "fp32"),
-    "BatchNormGrad": VectorProfile(4, 1, {"mul": 5, "add": 4, "reduce": 2}, "fp32"),
-    "Relu": VectorProfile(1, 1, {"max": 1}),
-    # Graph-mode fusion as MindSpore's Ascend backend does it (its UB fusion passes
-    # ConvBnReduceFusionPass, BnupdateEltwiseFusionPass, BnupdateEltwiseEltwiseFusionPass,
-    # DereluFusion): the convolution's epilogue computes the batch-norm sums, so
-    # BNTrainingUpdate, fused with the ReLU (and the residual Add) after it, reads y once and
-    # writes it once; backward, the ReLU gradient (from a 1-bit mask, ReluGradV2) folds into
-    # the batch-norm gradient's two passes over dy and x.
-    "BatchNormRelu": VectorProfile(1, 1, {"mul": 2, "add": 2, "max": 1}, "fp32"),
-    "BatchNormUpdate": VectorProfile(1, 1, {"mul": 2, "add": 2}, "fp32"),
-    "BatchNormAddRelu": VectorProfile(2, 1, {"mul": 2, "add": 3, "max": 1}, "fp32"),
-    "BatchNormReluGrad": VectorProfile(4, 1, {"mul": 5, "add": 4, "reduce": 2, "max": 1}, "fp32"),
-    "ReluGrad": VectorProfile(2, 1, {"max": 1}),
-    # Pooling, counted per input element: a 3x3 stride-2 max pool reads each input about
-    # 9/4 times through its overlapping windows and writes a quarter of it.
-    "MaxPool": VectorProfile(1, 0.25, {"max": 2.25}),
-    "MaxPoolGrad": VectorProfile(1.25, 1, {"max": 2.25, "add": 1}),
-    "GlobalAvgPool": VectorProfile(1, 0, {"add": 1}, "fp32"),
-    "GlobalAvgPoolGrad": VectorProfile(0, 1, {"mul": 1}, "fp32"),
-}
-
-
 def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     """Element-wise and row-wise Vector unit operators (see :data:`VECTOR_PROFILES`).
 
     ``spec.shapes[0]`` is the main input; it is streamed through the Unified Buffer in chunks,
-    double-buffered, over the Vector units.
+    double-buffered, over the Vector units. With attributes ``read_bytes`` and ``write_bytes``
+    (an op captured from PyTorch, whose inputs may broadcast or whose output may be a
+    reduction) those are its HBM traffic instead of the profile's multiples of the main
+    input, and the profile gives only the instruction mix per element of ``spec.shapes[0]``.
+
+    Raises:
+        ValueError: ``read_bytes`` / ``write_bytes`` given without the other, or negative.
     """
-    return _vector_kernel_cost(VECTOR_PROFILES[spec.op_type], _numel(spec.shapes[0]), spec.dtype, hw)
+    return _explicit_bytes_cost(VECTOR_PROFILES[spec.op_type], spec, hw)
+
+
+def generic_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    """A PyTorch operator no mapping knows (op type ``aten::<name>``): a Vector unit kernel over
+    the elements of ``spec.shapes[0]`` (its largest tensor) that moves attributes
+    ``read_bytes`` and ``write_bytes`` through HBM and runs :data:`GENERIC_OP_CLASSES` per
+    element. A floor, not a model of the operator: the profile names every such op.
+
+    Raises:
+        ValueError: ``read_bytes`` or ``write_bytes`` missing or negative.
+    """
+    if spec.attr("read_bytes") is None:
+        raise ValueError(f"{spec.op_type}: a generic op needs attributes read_bytes and write_bytes")
+    return _explicit_bytes_cost(VectorProfile(1, 1, GENERIC_OP_CLASSES), spec, hw)
+
+
+def _explicit_bytes_cost(prof: VectorProfile, spec: OpSpec, hw: HardwareSpec) -> OpCost:
+    elements = _numel(spec.shapes[0])
+    read_bytes, write_bytes = spec.attr("read_bytes"), spec.attr("write_bytes")
+    if read_bytes is None and write_bytes is None:
+        return _vector_kernel_cost(prof, elements, spec.dtype, hw)
+    if (not isinstance(read_bytes, int) or not isinstance(write_bytes, int) or read_bytes < 0 or write_bytes < 0
+            or read_bytes + write_bytes == 0):
+        raise ValueError(f"{spec.op_type}: read_bytes and write_bytes must be integers >= 0, not both 0, "
+                         f"got {read_bytes!r} and {write_bytes!r}")
+    per_element = DTYPE_BYTES[spec.dtype] * max(1, elements)
+    explicit = VectorProfile(read_bytes / per_element, write_bytes / per_element, prof.op_classes, prof.compute_dtype)
+    return _vector_kernel_cost(explicit, max(1, elements), spec.dtype, hw)
 
 
 def _vector_kernel_cost(prof: VectorProfile, elements: int, dtype: str, hw: HardwareSpec) -> OpCost:
@@ -857,7 +826,8 @@ def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
 
 
 def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
-    """Cost of ``spec`` on ``hw`` through :data:`COST_MODELS`.
+    """Cost of ``spec`` on ``hw`` through :data:`COST_MODELS` (an ``aten::<name>`` op type
+    through :func:`generic_cost`).
 
     Raises:
         KeyError: no cost model for ``spec.op_type``.
@@ -865,5 +835,7 @@ def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     try:
         model = COST_MODELS[spec.op_type]
     except KeyError:
+        if spec.op_type.startswith(GENERIC_OP_PREFIX):
+            return generic_cost(spec, hw)
         raise KeyError(f"no cost model for op type {spec.op_type!r}") from None
     return model(spec, hw)

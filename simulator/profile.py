@@ -166,6 +166,30 @@ class StepMemory(BaseModel):
     alloc_time_s: NonNegativeFloat = Field(description="Host time spent in the allocator")
 
 
+class StepTrace(BaseModel):
+    """How one step's time splits, as the torch_npu profiler's ``step_trace_time.csv`` reports it
+    (its columns, read from microseconds into seconds): ``computing_s`` (device compute),
+    ``communication_exposed_s`` (``Communication(Not Overlapped)``), ``overlapped_s`` (communication
+    hidden behind compute), ``communication_s`` (all of it), ``free_s`` (the device idle),
+    ``bubble_s`` (pipeline receives), ``preparing_s`` (step start to its first device task).
+    The step lasts ``computing_s + communication_exposed_s + free_s``."""
+
+    model_config = _RECORD_CONFIG
+    step: NonNegativeInt
+    computing_s: NonNegativeFloat
+    communication_exposed_s: NonNegativeFloat
+    overlapped_s: NonNegativeFloat = 0.0
+    communication_s: NonNegativeFloat = 0.0
+    free_s: NonNegativeFloat
+    bubble_s: NonNegativeFloat = 0.0
+    preparing_s: NonNegativeFloat = 0.0
+
+    @property
+    def step_s(self) -> float:
+        """The step's time: computing, exposed communication and free time add up to it."""
+        return self.computing_s + self.communication_exposed_s + self.free_s
+
+
 class MemoryRecord(BaseModel):
     """One caching-allocator call of a run that tracked memory (bytes, seconds).
 
@@ -341,6 +365,8 @@ class Profile(BaseModel):
     context_ops: int | None = Field(default=None, ge=0)
     measured_step_times_s: list[NonNegativeFloat] | None = Field(
         default=None, description="Step times measured by a real profiler, when the op spans do not give them")
+    step_trace: list[StepTrace] = Field(
+        default_factory=list, description="Per step, a real profiler's split of the step time (step_trace_time.csv)")
 
     # -- derived views (not serialised) ---------------------------------------------------
 

@@ -23,7 +23,7 @@ def snippet(tmp_path, **current_kwargs):
     report = oam.compare_profiles(baseline, current, regression_threshold=0.05)
     if report.has_regression:
         for reg in report.regressions:
-            print(reg.op_name, reg.current_time_ms, reg.baseline_time_ms, reg.regression_ratio)
+            print(reg.op_name, reg.current_time_s, reg.baseline_time_s, reg.regression_ratio)
     return report
 
 
@@ -38,7 +38,7 @@ def test_slower_flash_attention_configuration_is_printed(tmp_path, capsys) -> No
     out = capsys.readouterr().out
     assert out.startswith("FlashAttention ")
     (fa,) = [r for r in report.regressions if r.op_name == "FlashAttention"]
-    assert fa.regression_ratio == pytest.approx(fa.current_time_ms / fa.baseline_time_ms) and fa.regression_ratio > 1.02
+    assert fa.regression_ratio == pytest.approx(fa.current_time_s / fa.baseline_time_s) and fa.regression_ratio > 1.02
     assert json.loads(report.to_json())["status"] == "regressed"
     assert "| FlashAttention " in report.to_markdown()
     assert "FlashAttention" in report.to_text()
@@ -82,7 +82,19 @@ def test_api_and_plugin_give_the_same_numbers(pytester, monkeypatch) -> None:
     assert set(api) == {k for k, v in plugin.items() if v["status"] == "regressed"}
     for op, reg in api.items():
         assert reg.regression_ratio == pytest.approx(1 + plugin[op]["change_frac"], rel=1e-12)
-        assert reg.baseline_time_ms == pytest.approx(plugin[op]["baseline_s"] * 1e3, rel=1e-12)
+        assert reg.baseline_time_s == pytest.approx(plugin[op]["baseline_s"], rel=1e-12)
+        assert reg.current_time_s == pytest.approx(plugin[op]["current_s"], rel=1e-12)
+
+
+def test_the_millisecond_fields_of_a_regression_still_work_but_are_deprecated() -> None:
+    # Issue 21: the API speaks seconds; the old names stay, converted, with a DeprecationWarning
+    from pytest_oam.api import Regression
+
+    reg = Regression("MatMul", 0.002, 0.003, 1.5, 0.1)
+    with pytest.warns(DeprecationWarning, match=r"Regression.current_time_ms is deprecated: use Regression.current_time_s"):
+        assert reg.current_time_ms == pytest.approx(3.0)  # 0.003 s
+    with pytest.warns(DeprecationWarning, match=r"baseline_time_ms is deprecated"):
+        assert reg.baseline_time_ms == pytest.approx(2.0)  # 0.002 s
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 CHECKOUT_FOLDERS = {"examples": ("examples", "baselines"), "tuned": ("tuned",), "tests/data": ("tests/data",)}
 #: The project's rule: the README keeps exactly these two set-up commands.
 SETUP_COMMANDS = [
-    "python -m pip install . && python -m pytest examples --oam-baseline",
+    "python -m pip install '.[examples]' && python -m pytest examples --oam-baseline",
     "python -m pip install '.[test]' && python -m pytest",
 ]
 COMMAND_TIMEOUT_S = 180

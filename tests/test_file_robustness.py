@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from pytest_oam import fileio
-from pytest_oam.baseline import BaselineError, BaselineFile, baseline_filename, load_baseline, save_baseline
+from pytest_oam.baseline import (
+    BaselineError,
+    BaselineFile,
+    baseline_filename,
+    load_baseline,
+    save_baseline,
+)
 from pytest_oam.cli import main
 
 REALDATA = Path(__file__).parent / "data" / "realdata" / "ascend-msinsight-alexnet2p-level1-rank0"
@@ -343,7 +349,15 @@ def test_oam_compare_of_a_decompression_bomb_is_one_line_exit_2_in_bounded_memor
 
 
 def evil_report():
-    from pytest_oam.report import DiagnosisReport, FindingReport, GateReport, OamReport, RunReport, TopOp, VerdictReport
+    from pytest_oam.report import (
+        DiagnosisReport,
+        FindingReport,
+        GateReport,
+        OamReport,
+        RunReport,
+        TopOp,
+        VerdictReport,
+    )
 
     nodeid = "test_x.py::test[``<img src=x onerror=alert(1)>``]"
     verdicts = [VerdictReport(run=0, op_type=op, baseline_s=1e-3, current_s=2e-3, change_frac=1.0, limit_frac=0.1,
@@ -385,7 +399,13 @@ def test_markdown_report_escapes_op_names_and_test_ids() -> None:
 
 
 def test_terminal_text_has_no_escape_sequences_or_forged_lines() -> None:
-    from pytest_oam.report import diagnosis_text, findings_text, summary_table, terminal_safe, verdict_table
+    from pytest_oam.report import (
+        diagnosis_text,
+        findings_text,
+        summary_table,
+        terminal_safe,
+        verdict_table,
+    )
 
     report = evil_report()
     test = report.tests[0]

@@ -4,7 +4,7 @@ A Llama-style model under sequence-length warmup near the 910's HBM capacity: wi
 the caching allocator's cache creeps until it flushes, again and again; with the example's
 pre-allocated pool (or expandable segments) it never does. Nothing in the simulator knows
 about this case: the flushes come from the allocator's rules (simulator/allocator.py) applied
-to the builder's tensors. The flush steps below are what the models give (simulator 0.6.0),
+to the builder's tensors. The flush steps below are what the models give (simulator 0.7.0, as 0.6.0),
 pinned so that a change to the allocator or the builder is noticed, not derived by hand.
 """
 

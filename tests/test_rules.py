@@ -375,6 +375,7 @@ def test_every_built_in_rule_has_its_fire_and_silence_test() -> None:
     # operator and line asserted) and stays silent on a healthy one. A new rule joins this list
     # with its test, or this fails.
     import test_correctness
+    import test_step_trace
 
     tested = {
         "slow-op": test_slow_op, "low-ai-core-utilization": test_low_ai_core_utilization_gain_is_recosted_with_the_shape_aligned,
@@ -384,5 +385,10 @@ def test_every_built_in_rule_has_its_fire_and_silence_test() -> None:
         "nan-inf": test_correctness.test_nan_inf_reports_the_first_op_that_produced_them,
         "fp16-overflow": test_correctness.test_fp16_overflow, "shape-mismatch": test_correctness.test_shape_mismatch,
         "out-of-bounds": test_correctness.test_out_of_bounds_copy,
+        # on the real LLM step's split; silent on a healthy split
+        "step-free": (test_step_trace.test_the_diagnosis_reads_the_split,
+                      test_step_trace.test_a_busy_device_with_hidden_communication_gets_no_step_finding),
+        "step-communication-exposed": (test_step_trace.test_the_diagnosis_reads_the_split,
+                                       test_step_trace.test_a_busy_device_with_hidden_communication_gets_no_step_finding),
     }
     assert sorted(RULES) == sorted(tested)

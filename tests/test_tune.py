@@ -31,7 +31,7 @@ def issue_space() -> ParameterSpace:
     return space
 
 
-TARGET = OptimizationTarget(operator="FlashAttention", metric="throughput_tokens_per_s", constraint="latency_ms < 50")
+TARGET = OptimizationTarget(operator="FlashAttention", metric="throughput_tokens_per_s", constraint="latency_s < 0.05")
 ATTENTION_SOURCE = f"""
 def attention(npu, block_size=128):
     npu.set_tokens_per_step({SEQ})
@@ -68,6 +68,20 @@ def test_large_space_uses_tpe_within_the_budget_and_caches_duplicates() -> None:
     assert not result.exhaustive and result.unique_evaluations <= 25
     assert len({tuple(sorted(t.params.items())) for t in result.trials}) == len(result.trials)
     assert result.best is not None and result.best.metrics["latency_ms"] < 0.05
+
+
+def test_latency_is_in_seconds_and_the_millisecond_metric_still_works_deprecated() -> None:
+    # Issue 21: the public API speaks seconds; latency_ms stays, measured, with a warning
+    with pytest.warns(DeprecationWarning, match="the tuning metric latency_ms is deprecated: use latency_s"):
+        old = OptimizationTarget(operator="FlashAttention", metric="latency_ms", constraint="latency_ms < 5")
+    new = OptimizationTarget(operator="FlashAttention", metric="latency_s", constraint="latency_s < 0.005")
+    space = ParameterSpace().add_discrete("block_size", [64, 128, 256])
+    a = auto_tune(target=old, param_space=space, workload=attention)
+    b = auto_tune(target=new, param_space=space, workload=attention)
+    assert a.best_params == b.best_params and [t.feasible for t in a.trials] == [t.feasible for t in b.trials]
+    assert b.best.metrics["latency_ms"] == pytest.approx(b.best.metrics["latency_s"] * 1e3)  # 1 s = 1e3 ms
+    with pytest.raises(TuneError, match=r"known: throughput_tokens_per_s, latency_s, flop_per_s, peak_memory_bytes$"):
+        OptimizationTarget(metric="latency")
 
 
 def test_no_feasible_configuration_says_so_and_shows_the_closest() -> None:
@@ -298,7 +312,7 @@ print(r.unique_evaluations)
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: OptimizationTarget(constraint=50), "constraint must be text such as 'latency_ms < 50', got 50"),
+        (lambda: OptimizationTarget(constraint=50), "constraint must be text such as 'latency_s < 0.05', got 50"),
         (lambda: OptimizationTarget(constraint="latency_ms < 5 and"), "is not METRIC < NUMBER"),
         (lambda: OptimizationTarget(constraint="latency_ms < 1e"), "'1e' is not a number"),
         (lambda: OptimizationTarget(constraint="peak_memory_bytes <= -1"),
@@ -393,7 +407,7 @@ def test_allocator_pool_and_bucket_are_tuned_like_a_brute_force_loop() -> None:
 
     options, target, space, workload = load_job(ROOT / "tuned" / "jobs" / "llama7b_training_memory.toml")
     assert {"allocator", "prealloc_mib", "grad_bucket_params"} <= set(space.params)
-    assert target.metric == "latency_ms" and target.operator is None and "peak_memory_bytes" in target.constraint
+    assert target.metric == "latency_s" and target.operator is None and "peak_memory_bytes" in target.constraint
     assert space.size <= options["max_iterations"]  # the committed job is exhaustive
     # A part of the job's space, small enough for a test: each choice against a direct run.
     part = ParameterSpace().add_discrete("allocator", ["", "expandable_segments:True"])
@@ -412,19 +426,19 @@ def test_allocator_pool_and_bucket_are_tuned_like_a_brute_force_loop() -> None:
         except OutOfMemoryError:  # an infeasible trial for auto_tune
             brute[(allocator, prealloc_mib, bucket)] = (None, None)
             continue
-        latency_ms = statistics.median(profile.step_times_s) * 1e3
+        latency_s = statistics.median(profile.step_times_s)
         peak_bytes = max(m.reserved_peak_bytes for m in profile.memory)
-        brute[(allocator, prealloc_mib, bucket)] = (latency_ms, peak_bytes)
+        brute[(allocator, prealloc_mib, bucket)] = (latency_s, peak_bytes)
     for trial in result.trials:
         key = (trial.params["allocator"], trial.params["prealloc_mib"], trial.params["grad_bucket_params"])
         if brute[key][0] is None:
             assert not trial.feasible and "out of memory" in trial.reason
             continue
-        assert (trial.metrics["latency_ms"], trial.metrics["peak_memory_bytes"]) == brute[key]
+        assert (trial.metrics["latency_s"], trial.metrics["peak_memory_bytes"]) == brute[key]
         assert trial.feasible == (brute[key][1] <= 32212254720)
     feasible = {k: v for k, v in brute.items() if v[1] is not None and v[1] <= 32212254720}
     best = min(feasible, key=lambda k: feasible[k][0])
-    assert result.best.metrics["latency_ms"] == feasible[best][0]
+    assert result.best.metrics["latency_s"] == feasible[best][0]
     # every choice changes the outcome: the allocator the peak memory, the bucket and the pool the time
     assert brute[("", 0, 40_000_000)][1] != brute[("expandable_segments:True", 0, 40_000_000)][1]
     assert brute[("", 0, 40_000_000)][0] < brute[("", 0, 200_000_000)][0]

@@ -144,6 +144,9 @@ class RunBaseline(BaseModel):
     memory_peak_live: list[PeakHolder] | None = Field(
         default=None, description="What held the memory at the allocated peak (memory=True runs): the "
         f"{PEAK_LIVE_GROUPS} largest groups by op type, kind and call site, largest first")
+    step_trace_s: dict[OpType, SecondsOrZero] | None = Field(
+        default=None, description="Imported real runs with step_trace_time.csv: each part of the step (computing, "
+        "communication_exposed, free, bubble), median over the steps, seconds")
     ops: dict[OpType, OpStats] = Field(min_length=1)
 
 
@@ -269,10 +272,17 @@ def load_baseline(path: Path, nodeid: str | None = None) -> BaselineFile:
 def dump_baseline(baseline: BaselineFile) -> str:
     """Canonical text of a baseline: sorted keys, 2-space indent, trailing newline.
 
+    A run without a step split (``step_trace_s``: every simulated run) is written without the
+    key, as before real step splits were kept, so such baselines stay byte for byte the same.
+
     Raises:
         ValueError: a value is NaN or infinite (refused, never written).
     """
-    return json.dumps(baseline.model_dump(mode="json"), sort_keys=True, indent=2, allow_nan=False) + "\n"
+    data = baseline.model_dump(mode="json")
+    for run in data["runs"]:
+        if run.get("step_trace_s") is None:
+            run.pop("step_trace_s", None)
+    return json.dumps(data, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
 def save_baseline(path: Path, baseline: BaselineFile) -> None:

@@ -5,10 +5,10 @@ Formats:
 
 * the torch_npu profiler's ``kernel_details.csv`` (``ASCEND_PROFILER_OUTPUT``) and msprof's
   ``op_summary_*.csv``: one row per device task, with the ``aic_*`` / ``aiv_*`` pipe ratios;
-* Chrome-trace JSON, plain or gzip: PyTorch Kineto traces (``{"traceEvents": [...]}``; GPU
-  ``kernel`` events are the operators, op type = the kernel's function name without namespace
-  and template arguments) and torch_npu's ``trace_view.json`` (a top-level array; the
-  ``Ascend Hardware`` process holds the device tasks).
+* Chrome-trace JSON, plain or gzip: PyTorch Kineto traces (``{"traceEvents": [...]}``; the
+  GPU kernels, typed by the aten op that launched them: :mod:`.kineto`) and torch_npu's
+  ``trace_view.json`` (a top-level array; kernels of the ``Ascend Hardware`` lanes and the
+  collectives of the ``HCCL`` lane: :mod:`.trace_view`).
 
 A run's step time is the span of its device tasks in a step (``ProfilerStep#N`` annotations
 in traces, ``Step Id`` in CSVs); a trace without step annotations is one step whose time is
@@ -16,29 +16,45 @@ the device's busy time (the union of its kernels), not the trace's span with the
 
 Real files have traps, handled here: timestamps with trailing tabs or given as strings,
 ``N/A`` in metric columns, a top-level array instead of an object. Every problem is a
-:class:`ImportError_` naming the file and the line or field at fault.
+:class:`ImportError_` naming the file and the line or field at fault; a file that is empty, cut
+short, not UTF-8 or of another kind says so in its kind's words (:mod:`.file_kinds`).
 
 Identity of an imported profile: ``hardware`` is ``real:<source>`` (``real:torch_npu`` for
-the CSVs, ``real:torch_npu-trace``, ``real:kineto``) and ``simulator_version`` is ``imported``,
+the CSVs, ``real:torch_npu-trace``, ``real:kineto[:<GPU names>]``) and ``simulator_version`` is ``imported``,
 so imported runs compare with imported runs of the same kind, never with simulated ones; the
 workload fingerprint is the first step's op sequence, so runs that profiled different numbers
-of steps still compare.
+of steps still compare (for traces, stream by stream: :func:`.realfile.lanes_fingerprint`).
 """
 
 from __future__ import annotations
 
-import csv
 import decimal
 import hashlib
-import io
 import json
-import math
-import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from simulator.profile import CommInfo, MemoryRecord, OpRecord, Profile, StepMemory
 from simulator.units import GIGA, MEGA, S_PER_MS, S_PER_US, KiB, MiB
+
+from .file_kinds import check_input, json_kind_problem, json_problem
+from .kernel_names import accelerator_core, imported_op_type, is_hccl, kernel_type
+from .kineto import import_kineto
+from .realfile import (  # ImportError_ is re-exported here: the importers' error
+    ImportError_,
+    csv_rows,
+    duration_us,
+    imported_profile,
+    number,
+    op_record,
+    parse_shapes,
+    read_bytes,
+    read_text,
+    step_key,
+    timestamp_us,
+)
+from .trace_view import import_trace_view, is_trace_view
 
 #: Column names of the two Ascend CSV flavours, first match wins.
 _COLUMNS = {
@@ -57,56 +73,17 @@ _RATIOS = {
     "vec_ratio": ("aiv_vec_ratio", "vec_ratio", "aic_vec_ratio"),
     "mte2_ratio": ("aic_mte2_ratio", "aiv_mte2_ratio", "mte2_ratio"),
 }
+_CSV_KIND = "a torch_npu kernel_details.csv or msprof op_summary CSV"
 
 
-class ImportError_(ValueError):
-    """A profiler file that cannot be imported; the message names the file and what is wrong."""
-
-
-def _number(text: object, path: Path, where: str, default: float | None = None) -> float:
-    """A number from a real file: strips tabs and spaces, ``N/A`` and empty give ``default``."""
-    raw = str(text).strip() if text is not None else ""
-    if raw in ("", "N/A", "NA", "-") and default is not None:
-        return default
+def _input_shapes(cell: str) -> list[list[int]]:
+    """The tensors' shapes of an ``Input Shapes`` cell (:func:`.realfile.parse_shapes`), scalars
+    and absent inputs left out; none when the profiler recorded none or they do not parse."""
     try:
-        value = float(raw)
+        shapes = parse_shapes(cell) or []
     except ValueError:
-        raise ImportError_(f"{path}: {where}: {raw!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ImportError_(f"{path}: {where}: {raw!r} is not finite")
-    return value
-
-
-def _timestamp_us(text: object, path: Path, where: str) -> decimal.Decimal:
-    """A timestamp in microseconds, exactly: string timestamps such as
-    ``"1704161511422904.204"`` lose their sub-microsecond part as floats."""
-    raw = str(text).strip() if text is not None else ""
-    try:
-        value = decimal.Decimal(raw)
-    except decimal.InvalidOperation:
-        raise ImportError_(f"{path}: {where}: {raw!r} is not a number") from None
-    if not value.is_finite():
-        raise ImportError_(f"{path}: {where}: {raw!r} is not finite")
-    return value
-
-
-def _duration_us(text: object, path: Path, where: str) -> float:
-    value = _number(text, path, where)
-    if value < 0:
-        raise ImportError_(f"{path}: {where}: negative duration {value:g}")
-    return value
-
-
-def _shapes(text: str) -> list[list[int]]:
-    """``"32,3,224,224;64,3,11,11"`` (quoted in the CSV) -> ``[[32, 3, 224, 224], [64, 3, 11, 11]]``."""
-    shapes = []
-    for part in str(text).strip().strip('"').split(";"):
-        dims = [d for d in part.strip().strip('"').split(",") if d.strip()]
-        try:
-            shapes.append([int(d) for d in dims])
-        except ValueError:
-            shapes.append([])
-    return [s for s in shapes if s]
+        return []  # oam validate --profile names such rows; the gate compares their times all the same
+    return [list(s) for s in shapes if s]
 
 
 def _fingerprint(ops: Iterable[OpRecord]) -> str:
@@ -118,44 +95,44 @@ def _fingerprint(ops: Iterable[OpRecord]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _profile(ops: list[OpRecord], source: str, steps: int, step_times_s: list[float] | None = None) -> Profile:
-    return Profile(simulator_version="imported", hardware=f"real:{source}", devices=1, steps=max(1, steps),
-                   workload_fingerprint=_fingerprint(ops), ops=ops, measured_step_times_s=step_times_s)
-
-
-def _record(**fields) -> OpRecord:
-    defaults = {"flop": 0.0, "hbm_bytes": 0.0, "l2_bytes": 0.0, "block_dim": 0, "dma_count": 0, "ai_core_util_frac": 0.0,
-                    "hbm_bandwidth_util_frac": 0.0, "mac_ratio": 0.0, "vec_ratio": 0.0, "mte2_ratio": 0.0, "input_shapes": [],
-                    "dtype": "", "attrs": {}, "source": None, "comm": None}
-    return OpRecord(**{**defaults, **fields})
-
-
 # -- Ascend CSV (kernel_details.csv, op_summary_*.csv) --------------------------------------------
 
 
-def import_ascend_csv(path: str | Path) -> Profile:
-    """A torch_npu ``kernel_details.csv`` or an msprof ``op_summary_*.csv``.
+@dataclass(frozen=True)
+class AscendCsv:
+    """A ``kernel_details.csv`` / ``op_summary_*.csv`` as read: its profile, whose ops are its
+    rows in file order, and what the profile leaves out of them."""
 
-    Each row is a device task: ``op_type`` is its Type, ``name`` its Name; HCCL tasks go to the
-    ``hccl`` stream. Steps are numbered from 0 in the order of their ``Step Id``.
+    profile: Profile
+    header: list[str]
+    rows: list[dict[str, str]]
+    #: The file's ``Step Id`` of each profile step (step ``k`` is ``step_ids[k]``); ``None``
+    #: when the file has no such column (one step).
+    step_ids: list[str] | None
+    #: The first task's start, microseconds on the file's clock: the profile's time zero.
+    origin_us: decimal.Decimal
+
+
+def read_ascend_csv(path: str | Path) -> AscendCsv:
+    """A torch_npu ``kernel_details.csv`` or an msprof ``op_summary_*.csv``, and its rows.
+
+    Each row is a device task: ``op_type`` is its Type, ``name`` its Name. Steps are numbered
+    from 0 in the order of their ``Step Id``. Where Type and Accelerator Core are ``N/A``
+    (torch_npu's default Level0), the type comes from the Name and the core from the kernel
+    table (:mod:`pytest_oam.files.kernel_names`); the core is kept as the op attribute
+    ``accelerator_core``. HCCL tasks go to the ``hccl`` stream as the simulator's collectives
+    (``AllReduce`` ...; :func:`~pytest_oam.files.kernel_names.imported_op_type`), their kernel
+    type kept as the attribute ``kernel`` (``hcom_allReduce_``).
 
     Raises:
         ImportError_: unreadable, not a CSV, a required column missing, or a bad number (the
             message names the file, the line and the column).
     """
     path = Path(path)
-    text = _read_text(path)
+    text = read_text(path)
     if not text.strip():
         raise ImportError_(f"{path}: is empty")
-    try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        header = [h.strip() for h in (reader.fieldnames or [])]
-    except csv.Error as exc:
-        raise ImportError_(f"{path}: line 1: not a valid CSV header ({exc})") from None
-    repeated = sorted({h for h in header if header.count(h) > 1 and h})
-    if repeated:
-        raise ImportError_(f"{path}: line 1: column {', '.join(map(repr, repeated))} appears more than once")
-    reader.fieldnames = header
+    header, rows = csv_rows(path, text, _CSV_KIND)
 
     def column(key: str, required: bool = True) -> str | None:
         for name in _COLUMNS[key]:
@@ -170,183 +147,96 @@ def import_ascend_csv(path: str | Path) -> Profile:
     c_core, c_step, c_block = column("core", False), column("step", False), column("block_dim", False)
     c_shapes, c_dtypes = column("shapes", False), column("dtypes", False)
     ratio_cols = {k: [c for c in names if c in header] for k, names in _RATIOS.items()}
-    rows = []
-    try:
-        for line, row in enumerate(reader, start=2):
-            if None in row:
-                raise ImportError_(f"{path}: line {line}: more fields than the {len(header)} columns")
-            if any(v is None for v in row.values()):
-                filled = sum(v is not None for v in row.values())
-                raise ImportError_(f"{path}: line {line}: {filled} fields for {len(header)} columns (truncated file?)")
-            if not (row[c_type].strip() or row[c_name].strip()):
-                raise ImportError_(f"{path}: line {line}: no {c_type} and no {c_name}")
-            if c_step and not row[c_step].strip():
-                raise ImportError_(f"{path}: line {line}: empty {c_step}")
-            rows.append((line, row))
-    except csv.Error as exc:
-        raise ImportError_(f"{path}: line {reader.line_num}: not a valid CSV row ({exc})") from None
+    for line, row in rows:
+        if not (row[c_type].strip() or row[c_name].strip()):
+            raise ImportError_(f"{path}: line {line}: no {c_type} and no {c_name}")
+        if c_step and not row[c_step].strip():
+            raise ImportError_(f"{path}: line {line}: empty {c_step}")
     if not rows:
         raise ImportError_(f"{path}: holds no task rows")
-    def step_key(text: str) -> tuple:
-        return (0, float(text), text) if re.fullmatch(r"[-+]?\d+(\.\d*)?", text) else (1, 0.0, text)
-
-    step_ids = sorted({row[c_step].strip() for _, row in rows}, key=step_key) if c_step else ["0"]
-    step_index = {s: i for i, s in enumerate(step_ids)}
-    starts = [_timestamp_us(row[c_start], path, f"line {line}, column {c_start!r}") for line, row in rows]
+    step_ids = sorted({row[c_step].strip() for _, row in rows}, key=step_key) if c_step else None
+    step_index = {s: i for i, s in enumerate(step_ids or [])}
+    starts = [timestamp_us(row[c_start], path, f"line {line}, column {c_start!r}") for line, row in rows]
     origin = min(starts)
     ops = []
     for (line, row), start in zip(rows, starts, strict=True):
         where = f"line {line}"
-        core = row[c_core].strip() if c_core else ""
-        ratios = {k: max((_number(row[c], path, f"{where}, column {c!r}", 0.0) for c in cols), default=0.0)
+        kind = kernel_type(row[c_type], row[c_name])  # Level0: from the name (kernel_names)
+        core = accelerator_core(row[c_core] if c_core else "", kind)
+        hccl = is_hccl(core, kind)
+        op_type = imported_op_type(kind, hccl)
+        ratios = {k: max((number(row[c], path, f"{where}, column {c!r}", 0.0) for c in cols), default=0.0)
                   for k, cols in ratio_cols.items()}
-        ops.append(_record(
-            op_type=row[c_type].strip() or row[c_name].strip(),
+        ops.append(op_record(
+            op_type=op_type,
             name=row[c_name].strip(),
             step=step_index[row[c_step].strip()] if c_step else 0,
-            stream="hccl" if core.upper().startswith("HCCL") or row[c_type].strip().startswith("hcom") else "compute",
+            stream="hccl" if hccl else "compute",
+            attrs={**({"accelerator_core": core} if core else {}), **({"kernel": kind} if kind != op_type else {})},
             # not display: the CSV's microseconds read into the profile's seconds
             start_s=float(start - origin) * S_PER_US,
-            duration_s=_duration_us(row[c_dur], path, f"{where}, column {c_dur!r}") * S_PER_US,
-            block_dim=max(0, int(_number(row[c_block], path, f"{where}, column {c_block!r}", 0.0))) if c_block else 0,
-            input_shapes=_shapes(row[c_shapes]) if c_shapes else [],
+            duration_s=duration_us(row[c_dur], path, f"{where}, column {c_dur!r}") * S_PER_US,
+            block_dim=max(0, int(number(row[c_block], path, f"{where}, column {c_block!r}", 0.0))) if c_block else 0,
+            input_shapes=_input_shapes(row[c_shapes]) if c_shapes else [],
             dtype=row[c_dtypes].split(";")[0].strip().lower() if c_dtypes else "",
             mac_ratio=min(1.0, max(0.0, ratios["mac_ratio"])), vec_ratio=min(1.0, max(0.0, ratios["vec_ratio"])),
             mte2_ratio=min(1.0, max(0.0, ratios["mte2_ratio"])),
         ))
-    return _profile(ops, "torch_npu", len(step_ids))
+    profile = imported_profile(ops, "torch_npu", len(step_ids or [0]), _fingerprint(ops))
+    return AscendCsv(profile, header, [row for _, row in rows], step_ids, origin)
+
+
+def import_ascend_csv(path: str | Path) -> Profile:
+    """The profile of a torch_npu ``kernel_details.csv`` or an msprof ``op_summary_*.csv``
+    (:func:`read_ascend_csv`).
+
+    Raises:
+        ImportError_: see :func:`read_ascend_csv`.
+    """
+    return read_ascend_csv(path).profile
 
 
 # -- Chrome-trace JSON (Kineto, torch_npu trace_view.json) -----------------------------------------
 
-#: Kineto categories imported as operators: device kernels. Host-driven copies and memsets
-#: (``gpu_memcpy``, ``gpu_memset``) move data between operators and are left out.
-_KERNEL_CATS = ("kernel",)
-
-
-def _short_kernel_name(name: str) -> str:
-    """A stable op type from a C++ kernel name: drop ``void``, anonymous namespaces, template
-    and call arguments, and the namespace path."""
-    text = name.replace("(anonymous namespace)::", "").removeprefix("void ").strip()
-    text = re.split(r"[<(]", text, maxsplit=1)[0].strip()
-    return text.rsplit("::", 1)[-1] or name
-
-
-def _ascend_task_type(name: str) -> str:
-    """``aclnnMm_MatMulCommon_MatMulV2`` -> ``MatMulV2`` (the kernel); ``Conv2D1_x`` -> ``Conv2D``."""
-    if name.startswith("aclnn") and "_" in name:
-        return name.rsplit("_", 1)[-1]
-    return re.sub(r"\d+$", "", name.split("_")[0]) or name
-
-
 def import_chrome_trace(path: str | Path) -> Profile:
-    """A Kineto trace (GPU kernels, memcpy, memset) or a torch_npu ``trace_view.json`` (the
-    ``Ascend Hardware`` process's tasks), plain or gzip-compressed.
-
-    Steps come from ``ProfilerStep#N`` annotations when there are any (one step otherwise).
+    """A Chrome-trace JSON, plain or gzip: torch_npu's ``trace_view.json`` (it names an ``Ascend
+    Hardware`` process; :func:`pytest_oam.files.trace_view.import_trace_view`) or a PyTorch
+    Kineto trace (:func:`pytest_oam.files.kineto.import_kineto`).
 
     Raises:
-        ImportError_: unreadable, not JSON, no trace events, or a device event without a number
-            where ``ts`` or ``dur`` should be (naming the file and the event).
+        ImportError_: unreadable, not JSON, no trace events, no device events, or a device event
+            without a number where ``ts`` or ``dur`` should be (naming the file and the event).
     """
     path = Path(path)
     data = _read_json(path)
     events = data if isinstance(data, list) else data.get("traceEvents") if isinstance(data, dict) else None
     if not isinstance(events, list) or not any(isinstance(e, dict) and "ph" in e for e in events):
-        raise ImportError_(f"{path}: no trace events: not a profile, a baseline file or a Chrome trace "
-                           "(a JSON array of events, or an object with 'traceEvents')")
-    def args_of(e: dict) -> dict:
-        args = e.get("args")
-        return args if isinstance(args, dict) else {}
-
-    hardware_pids = {str(e.get("pid")) for e in events if isinstance(e, dict) and e.get("ph") == "M"
-                     and e.get("name") == "process_name" and args_of(e).get("name") == "Ascend Hardware"}
-    source = "torch_npu-trace" if hardware_pids else "kineto"
-    device, steps = [], []
-    for i, e in enumerate(events):
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        name = str(e.get("name", ""))
-        if name.startswith("ProfilerStep#"):
-            start = _timestamp_us(e.get("ts"), path, f"event {i} ('{name}') ts")
-            steps.append((start, start + decimal.Decimal(repr(_duration_us(e.get("dur"), path, f"event {i} ('{name}') dur")))))
-        if e.get("cat") in _KERNEL_CATS or str(e.get("pid")) in hardware_pids:
-            device.append((i, e))
-    if not device:
-        raise ImportError_(f"{path}: no device events (Kineto 'kernel' events or an 'Ascend Hardware' process)")
-    steps.sort()
-    records = []
-    for i, e in device:
-        ts = _timestamp_us(e.get("ts"), path, f"event {i} ts")
-        dur = _duration_us(e.get("dur"), path, f"event {i} dur")
-        step = next((k for k, (s, end) in enumerate(steps) if s <= ts <= end), 0 if not steps else None)
-        if step is None:
-            continue  # outside every profiled step
-        records.append((ts, dur, step, str(e.get("name", "")), args_of(e)))
-    if not records:
-        raise ImportError_(f"{path}: no device event falls inside a ProfilerStep")
-    origin = min(r[0] for r in records)
-    used_steps = sorted({r[2] for r in records})
-    renumber = {s: i for i, s in enumerate(used_steps)}
-    ops = [  # not display: the trace's microseconds read into seconds
-        _record(op_type=_short_kernel_name(name) if source == "kineto" else _ascend_task_type(name),
-                name=name[:200], step=renumber[step], stream="hccl" if "nccl" in name.lower() or name.startswith("hcom")
-                else "compute", start_s=float(ts - origin) * S_PER_US, duration_s=dur * S_PER_US)
-        for ts, dur, step, name, _ in sorted(records, key=lambda r: r[0])
-    ]
-    if steps:
-        return _profile(ops, source, len(used_steps))
-    # No ProfilerStep annotations: the span of a whole trace includes the host's idle gaps
-    # (seconds of them in a benchmark), so the step time is the device's busy time instead.
-    return _profile(ops, source, 1, step_times_s=[_busy_s(ops)])
-
-
-def _busy_s(ops: list[OpRecord]) -> float:
-    """Time in which at least one op ran (the union of the ops' intervals)."""
-    total, end = 0.0, -math.inf
-    for op in sorted(ops, key=lambda o: o.start_s):
-        stop = op.start_s + op.duration_s
-        if stop > end:
-            total += stop - max(op.start_s, end)
-            end = stop
-    return total
+        raise ImportError_(json_kind_problem(path, data) or f"{path}: no trace events: not a profile, a baseline "
+                           "file or a Chrome trace (a JSON array of events, or an object with 'traceEvents')")
+    if is_trace_view(events):
+        return import_trace_view(path, events)
+    return import_kineto(path, data)
 
 
 # -- entry point --------------------------------------------------------------------------------
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, decompressed if gzip: regular files only (a named pipe is never opened),
-    at most :data:`pytest_oam.fileio.MAX_INPUT_BYTES` after decompression."""
-    from .fileio import InputFileError, read_input_bytes
-
-    try:
-        return read_input_bytes(path)
-    except InputFileError as exc:
-        raise ImportError_(f"{path}: {exc.problem}") from None
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return _read_bytes(path).decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ImportError_(f"{path}: is not UTF-8 text (byte {exc.start}): binary data?") from None
-
-
 def _read_json(path: Path) -> object:
-    raw = _read_bytes(path)  # its ImportError_ (a ValueError) is not "not valid JSON"
+    raw = read_bytes(path)  # its ImportError_ (a ValueError) is not "not valid JSON"
     try:
         return json.loads(raw)
     except RecursionError:
         raise ImportError_(f"{path}: is not a trace: its JSON nests too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, and int literals past the digit limit
-        raise ImportError_(f"{path}: is not valid JSON ({exc})") from None
+        raise ImportError_(json_problem(path, raw, exc)) from None  # empty, cut, CSV ... (file_kinds)
 
 
 def import_torch_npu_folder(path: str | Path) -> Profile:
     """A torch_npu profiler output folder (``*_ascend_pt`` or its ``ASCEND_PROFILER_OUTPUT``):
     ``kernel_details.csv`` for the ops, plus, when present, ``operator_memory.csv`` for the
-    memory records and ``communication.json`` for the collectives.
+    memory records, ``communication.json`` for the collectives and ``step_trace_time.csv`` for
+    each step's split (computing, exposed communication, free time ...:
+    :func:`pytest_oam.files.step_trace.step_trace_for`).
 
     From ``operator_memory.csv`` (sizes in KB = 1024 bytes, totals in MB = 2**20 bytes): one
     ``alloc`` record per row at its Allocation Time and one ``free`` at its Release Time when
@@ -371,26 +261,22 @@ def import_torch_npu_folder(path: str | Path) -> Profile:
     kernels = folder / "kernel_details.csv"
     if not kernels.is_file():
         raise ImportError_(f"{path}: a folder without ASCEND_PROFILER_OUTPUT/kernel_details.csv or kernel_details.csv")
-    profile = import_ascend_csv(kernels)
-    origin_us = _csv_origin_us(kernels)
+    read = read_ascend_csv(kernels)
+    profile = read.profile
     update: dict[str, object] = {}
     if (folder / "communication.json").is_file():
         update["ops"] = _attach_communication(profile.ops, folder / "communication.json")
     if (folder / "operator_memory.csv").is_file():
-        events = _operator_memory(folder / "operator_memory.csv", origin_us, profile)
+        events = _operator_memory(folder / "operator_memory.csv", read.origin_us, profile)
         update["memory_events"] = events
         update["memory"] = _step_memory(events, profile.steps)
+    if (folder / "step_trace_time.csv").is_file():  # the step's split: computing, exposed communication, free ...
+        from .step_trace import step_trace_for
+
+        update["step_trace"] = step_trace_for(read.step_ids, folder / "step_trace_time.csv")
     if not update:
         return profile
     return Profile.model_validate({**profile.model_dump(), **{k: v for k, v in update.items()}})
-
-
-def _csv_origin_us(path: Path) -> decimal.Decimal:
-    """The first task start of a kernel_details.csv (the zero of the imported timeline)."""
-    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
-    column = next(c for c in _COLUMNS["start"] if c in [h.strip() for h in reader.fieldnames or []])
-    raw = column if column in (reader.fieldnames or []) else next(h for h in reader.fieldnames if h.strip() == column)
-    return min(_timestamp_us(row[raw], path, "start") for row in reader)
 
 
 def _step_of(time_s: float, profile: Profile) -> int:
@@ -411,23 +297,15 @@ _MEMORY_COLUMNS = ("Name", "Size(KB)", "Allocation Time(us)", "Release Time(us)"
 
 
 def _operator_memory(path: Path, origin_us: decimal.Decimal, profile: Profile) -> list[MemoryRecord]:
-    reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
-    header = [h.strip() for h in reader.fieldnames or []]
+    header, rows = csv_rows(path, read_text(path), "a torch_npu operator_memory.csv")
     missing = [c for c in _MEMORY_COLUMNS if c not in header]
     if missing:
         raise ImportError_(f"{path}: no {', '.join(map(repr, missing))} column; not a torch_npu operator_memory.csv")
-    reader.fieldnames = header
     events = []
-    try:
-        rows = list(enumerate(reader, start=2))
-    except csv.Error as exc:
-        raise ImportError_(f"{path}: line {reader.line_num}: not a valid CSV row ({exc})") from None
     for line, row in rows:
-        if None in row or any(v is None for v in row.values()):
-            raise ImportError_(f"{path}: line {line}: {len(header)} columns expected (truncated file?)")
 
         def num(column: str, default: float | None = None, row=row, line=line) -> float:
-            return _number(row[column], path, f"line {line}, column {column!r}", default)
+            return number(row[column], path, f"line {line}, column {column!r}", default)
 
         size = int(num("Size(KB)") * KiB)  # not display: the file's KB (1024 bytes) read into bytes
         # CANN's own workspace pool reports its own totals; everything else is torch_npu's
@@ -443,7 +321,7 @@ def _operator_memory(path: Path, origin_us: decimal.Decimal, profile: Profile) -
             if not row[time_col].strip():
                 continue  # not released inside the profiling window
             # not display: the file's microseconds read into seconds
-            time_s = max(0.0, float(_timestamp_us(row[time_col], path, f"line {line}, column {time_col!r}") - origin_us)
+            time_s = max(0.0, float(timestamp_us(row[time_col], path, f"line {line}, column {time_col!r}") - origin_us)
                          * S_PER_US)
             events.append(MemoryRecord(
                 step=_step_of(time_s, profile), time_s=time_s, action=action, requested_bytes=size,
@@ -509,20 +387,20 @@ def _attach_communication(ops: list[OpRecord], path: Path) -> list[OpRecord]:
                 if not isinstance(times, dict) or not isinstance(links, dict):
                     raise ImportError_(f"{path}: {where}: no 'Communication Time Info' / 'Communication Bandwidth Info'")
                 # not display: the file's ms, MB (1e6 bytes) and GB/s read into seconds, bytes, bytes/s
-                elapse_s = _number(times.get("Elapse Time(ms)"), path, f"{where}: 'Elapse Time(ms)'") * S_PER_MS
+                elapse_s = number(times.get("Elapse Time(ms)"), path, f"{where}: 'Elapse Time(ms)'") * S_PER_MS
                 transports = {
-                    name: (_number(v.get("Transit Size(MB)"), path, f"{where}: {name} 'Transit Size(MB)'", 0.0) * MEGA,
-                           _number(v.get("Bandwidth(GB/s)"), path, f"{where}: {name} 'Bandwidth(GB/s)'", 0.0) * GIGA)
+                    name: (number(v.get("Transit Size(MB)"), path, f"{where}: {name} 'Transit Size(MB)'", 0.0) * MEGA,
+                           number(v.get("Bandwidth(GB/s)"), path, f"{where}: {name} 'Bandwidth(GB/s)'", 0.0) * GIGA)
                     for name, v in links.items() if isinstance(v, dict) and name != "SDMA"
                 } or {}
                 if not any(b for b, _ in transports.values()) and isinstance(links.get("SDMA"), dict):
                     sdma = links["SDMA"]
-                    transports = {"SDMA": (_number(sdma.get("Transit Size(MB)"), path, f"{where}: SDMA size", 0.0) * MEGA,
-                                           _number(sdma.get("Bandwidth(GB/s)"), path, f"{where}: SDMA bw", 0.0) * GIGA)}
+                    transports = {"SDMA": (number(sdma.get("Transit Size(MB)"), path, f"{where}: SDMA size", 0.0) * MEGA,
+                                           number(sdma.get("Bandwidth(GB/s)"), path, f"{where}: SDMA bw", 0.0) * GIGA)}
                 nbytes = sum(b for b, _ in transports.values())
                 busiest = max(transports, key=lambda n: transports[n][0]) if transports else "none"
                 attrs: dict[str, float | str] = {  # not display: the file's ms read into seconds
-                    name: max(0.0, _number(times.get(col), path, f"{where}: {col!r}", 0.0)) * S_PER_MS
+                    name: max(0.0, number(times.get(col), path, f"{where}: {col!r}", 0.0)) * S_PER_MS
                     for name, col in _TIME_FIELDS.items()
                 }
                 attrs["transport"] = busiest
@@ -547,8 +425,15 @@ def import_profile(path: str | Path) -> Profile:
         ImportError_: nothing importable there (naming the file and the problem).
     """
     path = Path(path)
+    problem = check_input(path)  # empty, mis-encoded, cut short or of another kind, said as such (file_kinds)
+    if problem:
+        raise ImportError_(problem)
     if path.is_dir():
         return import_torch_npu_folder(path)
+    if path.name == "step_trace_time.csv":  # no operators: never a profile alone
+        raise ImportError_(f"{path}: splits the step time but has no operators: give its torch_npu output folder")
+    if path.name == "cluster_step_trace_time.csv":
+        raise ImportError_(f"{path}: is a job's per-rank step split, not a profile: oam cluster reads it")
     if path.suffix.lower() == ".csv":
         return import_ascend_csv(path)
     return import_chrome_trace(path)

@@ -18,7 +18,11 @@ if TYPE_CHECKING:
     from simulator.hardware import HardwareSpec
     from simulator.profile import Profile
 
-    from ..files.baseline import BaselineFile
+    from ..files.baseline import BaselineFile, RunBaseline
+    from ..judge.compare import RunComparison
+    from ..judge.explain import Finding
+    from ..judge.thresholds import LimitResolver
+    from .result import GateResult
 
 TOP_OPS = 3
 
@@ -80,6 +84,62 @@ def display_site(site: str, invocation_dir: str | None) -> str:
     return map_site_files(site, relative)
 
 
+def card_spec(name: str, lookup: Callable[[str], HardwareSpec | None]) -> HardwareSpec | None:
+    """The spec of the card a run names, from ``lookup``; ``None`` for an imported real profile
+    (``real:*`` hardware), which has none (the rules that need a spec, and the figures a spec
+    holds, are then left out or taken as every bundled spec has them)."""
+    return None if name.startswith("real:") else lookup(name)
+
+
+def judge_run(
+    index: int,
+    baseline: RunBaseline,
+    current: RunBaseline,
+    resolver: LimitResolver,
+    *,
+    profile: Profile | None = None,
+    baseline_profile: Profile | None = None,
+    hardware: HardwareSpec | None = None,
+    min_delta_s: float | None = None,
+    alpha: float | None = None,
+    root: str | None = None,
+) -> tuple[RunComparison, list[Finding]]:
+    """One run against its baseline run: the gate's comparison and the explanation of each
+    regression. The plugin's gate (:func:`evaluate_gate`, per run) and
+    :func:`pytest_oam.api.compare_profiles` both judge a run with this function.
+
+    Args:
+        index: the run's position in its test (numbered from 0).
+        baseline, current: the two runs' summaries (:func:`pytest_oam.judge.compare.summarize`).
+        resolver: the limits by op type.
+        profile: the current run's profile (call sites, memory at the peak); ``None`` for a
+            baseline file compared as the current run.
+        baseline_profile: the baseline run's profile: with both profiles and ``alpha``, a
+            change above its limit counts only if the per-step samples support it
+            (:func:`pytest_oam.judge.compare.apply_significance`).
+        hardware: the current run's card (:func:`card_spec`), for the figures of its spec.
+        min_delta_s: the smallest change that counts, in seconds (default:
+            :data:`~pytest_oam.judge.compare.REAL_MIN_DELTA_S` for an imported real run,
+            whose times are noisy; 0 for a simulated one).
+        alpha: the significance level; ``None``: no significance test.
+        root: the pytest rootdir (call sites of the memory at the peak are kept relative to it).
+
+    Returns:
+        ``(comparison, findings)``: the :class:`~pytest_oam.judge.compare.RunComparison` and the
+        :class:`~pytest_oam.judge.explain.Finding` of each regressed or new row.
+    """
+    from ..judge.compare import REAL_MIN_DELTA_S, apply_significance, compare_run
+    from ..judge.explain import PeakMemory, diagnose
+
+    if min_delta_s is None:
+        min_delta_s = REAL_MIN_DELTA_S if current.hardware.startswith("real:") else 0.0
+    comparison = compare_run(index, baseline, current, resolver, min_delta_s)
+    if alpha is not None and profile is not None and baseline_profile is not None:
+        comparison = apply_significance(comparison, baseline_profile, profile, alpha)
+    memory = PeakMemory.of(current, baseline, profile, root, hardware)
+    return comparison, diagnose(comparison, profile, current.ops, baseline.ops, memory, hardware)
+
+
 def evaluate_gate(
     inputs: GateInputs,
     profiles: Sequence[Profile],
@@ -87,7 +147,7 @@ def evaluate_gate(
     rules: Mapping[str, Any] | None = None,
     test_passed: bool = True,
     hardware: Callable[[str], HardwareSpec] | None = None,
-) -> tuple[dict[str, Any], str | None]:
+) -> tuple[GateResult, str | None]:
     """Compare a test's profiled runs with its baseline and run the diagnosis rules.
 
     Args:
@@ -99,15 +159,14 @@ def evaluate_gate(
         hardware: spec lookup by name for the rules (default: the bundled specs).
 
     Returns:
-        ``(result, failure_text)``: ``result["report"]`` is a :class:`~pytest_oam.report.GateReport`
-        as builtin types, ``result["op_types"]`` the op types seen, ``result["baseline"]`` the
-        baseline to save (with ``inputs.saving``); ``failure_text`` is ``None`` when the gate passes.
+        ``(result, failure_text)``: the :class:`~pytest_oam.gate.result.GateResult` (its
+        ``report``, the op types seen, the baseline to save with ``inputs.saving``, and
+        ``test_passed``); ``failure_text`` is ``None`` when the gate passes.
     """
     from simulator.hardware import load_hardware
 
     from ..files.baseline import BaselineFile
-    from ..judge.compare import compare_run, summarize, worst_status
-    from ..judge.explain import PeakMemory, diagnose
+    from ..judge.compare import summarize, worst_status
     from ..judge.pairing import match_runs, run_identity
     from ..judge.rules import RULES, run_rules
     from ..judge.thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
@@ -120,6 +179,7 @@ def evaluate_gate(
         VerdictReport,
     )
     from ..report.text import diagnosis_text, failure_text
+    from .result import GateResult
 
     rules = RULES if rules is None else rules
     hardware = hardware or load_hardware
@@ -145,13 +205,15 @@ def evaluate_gate(
                          [{} if s is None else s.ops for s in summaries],
                          [None if s is None else run_identity(s) for s in summaries])
     for i, profile in enumerate(profiles):
+        # an imported real profile (oam_profile.load, real:* hardware) has no spec
+        spec = card_spec(profile.hardware, hardware)
         base_run = baseline.runs[matched[i]] if matched[i] is not None else None
-        status, reasons, base_step, top_ops = "not-gated", [], None, []
+        status, reasons, base_step, top_ops = GateStatus.NOT_GATED, [], None, []
         current = summaries[i]
         if i in empty:
             reasons = [empty[i]]
             if gating:
-                status = "missing-ops"
+                status = GateStatus.MISSING_OPS
             if gating and base_run is not None:  # its baseline run had operators: nothing to compare
                 ran_nothing.append(i)
                 had = sorted(base_run.ops)
@@ -162,7 +224,8 @@ def evaluate_gate(
                             location=site(f.location) if f.location else None,
                             description=f.description, fix=f.fix, gain_s=f.gain_s,
                             step_share_frac=f.step_share_frac)
-            for f in run_rules(profile, hardware(profile.hardware), disabled=inputs.disabled_rules,
+            # without a spec (a real profile) the rules that need none run
+            for f in run_rules(profile, spec, disabled=inputs.disabled_rules,
                                thresholds=inputs.rule_thresholds, rules=rules)
         ]
         step_s = profile.step_time_s if not profile.is_empty else 0.0
@@ -170,19 +233,19 @@ def evaluate_gate(
             op_types.update(current.ops)
             if current.memory_reserved_peak_bytes is not None:
                 op_types.update(MEMORY_ROWS)
+            op_types.update(f"step.{part}" for part in current.step_trace_s or {})
             top = sorted(current.ops.items(), key=lambda kv: -kv[1].time_s)[:TOP_OPS]
             top_ops = [TopOp(op_type=k, time_s=v.time_s, share_frac=v.time_s / step_s if step_s else 0.0)
                        for k, v in top]
             if gating and base_run is None:
-                status = "no-baseline"
+                status = GateStatus.NO_BASELINE
             elif gating:
-                comparison = compare_run(i, base_run, current, resolver)
+                # real runs are noisy: a change must also exceed REAL_MIN_DELTA_S to count (judge_run)
+                comparison, explained = judge_run(i, base_run, current, resolver, profile=profile, hardware=spec,
+                                                  root=inputs.root_dir)
                 status, reasons, base_step = comparison.status, comparison.reasons, comparison.baseline_step_s
-                run_findings = [
-                    dataclasses.replace(f, call_sites=[(site(s), t) for s, t in f.call_sites])
-                    for f in diagnose(comparison, profile, current.ops, base_run.ops,
-                                      PeakMemory.of(current, base_run, profile, inputs.root_dir))
-                ]
+                run_findings = [dataclasses.replace(f, call_sites=[(site(s), t) for s, t in f.call_sites])
+                                for f in explained]
                 verdicts += [VerdictReport(run=i, **vars(v)) for v in comparison.verdicts]
                 findings += [
                     FindingReport(run=i, kind=f.kind, op_type=f.op_type, severity=f.severity, delta_s=f.delta_s,
@@ -199,18 +262,18 @@ def evaluate_gate(
                               top_ops=top_ops, reasons=reasons))
     unmatched_base = n_base - sum(m is not None for m in matched)
     if gating and unmatched_base:
-        statuses.append("missing-ops")
+        statuses.append(GateStatus.MISSING_OPS)
         made = f"{len(profiles)} profiled runs" if profiles else "no profiled run"
         notes.append(f"the test made {made}; {unmatched_base} of the {n_base} runs of its baseline "
                      "were not compared")
     if gating and inputs.baseline_error:
-        statuses.append("invalid-baseline")
+        statuses.append(GateStatus.INVALID_BASELINE)
         notes.append(f"{inputs.baseline_error} (replaced by --oam-save-baseline)")
     status = worst_status(statuses)
     fatal = [d for d in diagnosis if d.severity == "fatal"]
     if inputs.saving and fatal:
         notes.append("baseline not written: the run has fatal diagnosis findings")
-    if status == "no-baseline":
+    if status == GateStatus.NO_BASELINE:
         if not inputs.saving:
             notes.append("no baseline: run with --oam-save-baseline to create one")
         elif fatal:
@@ -231,10 +294,11 @@ def evaluate_gate(
     report = GateReport(nodeid=inputs.nodeid, status=status, failed=failed, baseline_path=path,
                         message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,
                         diagnosis=diagnosis)
-    result: dict[str, Any] = {"report": report.model_dump(mode="json"), "op_types": sorted(op_types)}
+    save = None
     if inputs.saving and summaries and all(s is not None for s in summaries) and not fatal:
         # a run with a correctness failure (NaN, overflow, ...) is no reference to compare with
-        result["baseline"] = BaselineFile(nodeid=inputs.nodeid, runs=summaries).model_dump(mode="json")
+        save = BaselineFile(nodeid=inputs.nodeid, runs=summaries)
+    result = GateResult(report=report, op_types=sorted(op_types), baseline=save, test_passed=test_passed)
     text = failure_text(inputs.nodeid, status, path, parts, notes) if gate_failed else None
     if fatal:  # correctness: fails the test whatever the gate says, baseline or not
         header = f"oam diagnosis: {len(fatal)} fatal finding{'s' if len(fatal) > 1 else ''} in {inputs.nodeid}"

@@ -19,11 +19,17 @@ from simulator.profile import LiveMemory, Profile
 
 from ..files.baseline import PEAK_LIVE_GROUPS, OpStats, PeakHolder, RunBaseline
 from .status import STATUS_ORDER, GateStatus  # noqa: F401 - STATUS_ORDER kept importable here
+from .step_trace import step_trace_medians, step_trace_pairs
 from .thresholds import MEMORY_ROWS, STEP_ROW, LimitResolver
 
 #: Relative changes below this are floating-point noise (sums taken in another order), never
 #: a regression or an improvement, even under a 0% limit.
 FLOAT_NOISE_FRAC = 1e-9
+#: Smallest change that counts between imported real profiles (``real:*`` hardware), in the
+#: plugin's gate and in ``compare_profiles``: run-to-run noise of a few microseconds on tiny ops
+#: (the two real torch_npu AlexNet runs in the tests differ by up to 4 us on ops of 3-12 us) is
+#: not a regression. Simulated runs are deterministic: 0 for them.
+REAL_MIN_DELTA_S = 20e-6
 #: Runs shorter than this have no p99: with fewer steps it is just the maximum, one sample.
 JITTER_MIN_STEPS = 50
 #: The percentile a jitter baseline keeps and compares.
@@ -137,6 +143,7 @@ def summarize(profile: Profile, root: str | None = None) -> RunBaseline:
         alloc_retries_per_step=_alloc_retries_per_step(profile),
         memory_peak_live=None if profile.memory_peak is None else peak_holders(profile.memory_peak.live, root),
         tokens_per_step=profile.tokens_per_step,
+        step_trace_s=step_trace_medians(profile),
         ops=ops,
     )
 
@@ -411,6 +418,8 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
     verdicts.append(_verdict(STEP_ROW, (baseline.step_time_s, baseline.step_time_mean_s, baseline.step_time_p99_s),
                              (current.step_time_s, current.step_time_mean_s, current.step_time_p99_s), resolver))
     verdicts += _memory_verdicts(baseline, current, resolver)
+    trace_pairs, trace_notes = step_trace_pairs(baseline, current)  # step.computing, step.free ... (real runs)
+    verdicts += [_verdict(row, (b, b, None), (c, c, None), resolver) for row, b, c in trace_pairs]
     if min_delta_s > 0:
         verdicts = [
             dataclasses.replace(v, status="insignificant")
@@ -419,7 +428,7 @@ def compare_run(index: int, baseline: RunBaseline, current: RunBaseline, resolve
             for v in verdicts
         ]
     hard, workload = _identity_mismatches(baseline, current)
-    reasons = hard + workload
+    reasons = hard + workload + trace_notes
     counters = {}
     for v in verdicts:
         if v.status == "regressed" and v.op_type in baseline.ops and v.op_type in current.ops:

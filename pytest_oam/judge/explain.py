@@ -6,7 +6,7 @@ Thresholds live in this module's constants.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simulator.costs import CUBE_OP_TYPES  # derived from the cost-model registry
 from simulator.hardware import HardwareSpec
@@ -22,8 +22,10 @@ from ..format import (
     fmt_us,
     fmt_value,
 )
+from .card import allocator_block_bytes, dma_alignment_bytes
 from .compare import CounterChange, RunComparison, portable_site, site_key
 from .severity import Severity, grade_share
+from .step_trace import STEP_TRACE_ROWS, regressed_row_advice
 
 #: Severity of a regressed peak memory or allocator time (no share of the step to grade by).
 MEMORY_REGRESSION_SEVERITY: Severity = "warning"
@@ -62,8 +64,11 @@ def memory_bound(mte2_ratio: float, mac_ratio: float, vec_ratio: float) -> float
 
 
 def _advice(
-    op_type: str, counters: list[CounterChange], current: OpStats | None, baseline: OpStats | None = None
+    op_type: str, counters: list[CounterChange], current: OpStats | None, baseline: OpStats | None = None,
+    alignment_bytes: int | None = None,
 ) -> list[str]:
+    """What to do about a regressed op type; ``alignment_bytes``: the card's DMA alignment
+    (:func:`~pytest_oam.judge.card.dma_alignment_bytes`), quoted when the op moves more DMA transfers."""
     moved = {c.name: c for c in counters}
     flash = op_type.startswith("FlashAttention")
     tips = []
@@ -90,8 +95,8 @@ def _advice(
         if more_bytes:
             tips.append("more HBM traffic: check tiling and fusion of this op")
         if more_dma:
-            tips.append("more DMA transfers: smaller tiles pay the MTE start-up cost more often; "
-                        "use larger tiles and sizes aligned to 512 bytes")
+            tips.append("more DMA transfers: smaller tiles pay the MTE start-up cost more often; use larger tiles"
+                        + (f" and sizes aligned to {alignment_bytes} bytes" if alignment_bytes else ""))
     overlap = moved.get("overlap_frac")
     if overlap is not None and overlap.current < overlap.baseline and stall is None:
         tips.append(f"DMA/compute overlap fell {fmt_percent(overlap.baseline)} -> {fmt_percent(overlap.current)}: "
@@ -187,8 +192,8 @@ def _peak_holders(memory: PeakMemory) -> tuple[str, list[tuple[str, float]], str
     user line alone moved matches too (code edited above it); any other change of site counts
     as a new group and a gone one. A list cut to its largest groups (its sizes add up to less
     than its peak) cannot tell a group it lacks that is no larger than its smallest: such a
-    group is not compared. Differences of allocator rounding alone (512 B per allocation) are
-    not told.
+    group is not compared. Differences of allocator rounding alone (``memory.rounding_bytes`` per
+    allocation) are not told.
     """
     current_live, baseline_live = memory.current_live, memory.baseline_live
     if not current_live:
@@ -221,7 +226,7 @@ def _peak_holders(memory: PeakMemory) -> tuple[str, list[tuple[str, float]], str
         if now is None and cut_current is not None and was.size_bytes <= cut_current:
             continue
         delta = (now.size_bytes if now else 0) - (was.size_bytes if was else 0)
-        if abs(delta) > 512 * max(now.count if now else 0, was.count if was else 0):
+        if abs(delta) > memory.rounding_bytes * max(now.count if now else 0, was.count if was else 0):
             changes.append((delta, now, was, key))
 
     def order(change: tuple) -> tuple:  # largest change first, then by key: the same text every run
@@ -261,7 +266,9 @@ class PeakMemory:
     """What a diagnosis knows of the memory at the allocated peaks: the groups live at the
     current peak (the profile's ``memory_peak.live``, or a baseline's ``memory_peak_live``) and
     at the baseline's (``None`` when unknown), both peaks in bytes (to tell a cut list), the
-    current peak itself (``None`` when the profile has none) and the pytest rootdir."""
+    current peak itself (``None`` when the profile has none), the pytest rootdir, and the
+    caching allocator's rounding of one allocation in bytes (a change no larger per allocation
+    is not told: :func:`~pytest_oam.judge.card.allocator_block_bytes` of the run's card)."""
 
     current_live: list[LiveMemory] | None = None
     baseline_live: list[LiveMemory] | None = None
@@ -269,16 +276,18 @@ class PeakMemory:
     baseline_peak_bytes: int | None = None
     peak: MemoryPeak | None = None
     root: str | None = None
+    rounding_bytes: int = field(default_factory=lambda: allocator_block_bytes(None) or 0)
 
     @classmethod
     def of(cls, current: RunBaseline, baseline: RunBaseline, profile: Profile | None = None,
-           root: str | None = None) -> PeakMemory:
+           root: str | None = None, hardware: HardwareSpec | None = None) -> PeakMemory:
         """From the two runs' summaries, with the current profile's whole list and peak when
-        there is a profile."""
+        there is a profile; ``hardware``: the card's spec (``None``: as every bundled one)."""
         peak = profile.memory_peak if profile is not None else None
         return cls(current_live=peak.live if peak is not None else current.memory_peak_live,
                    baseline_live=baseline.memory_peak_live, current_peak_bytes=current.memory_allocated_peak_bytes,
-                   baseline_peak_bytes=baseline.memory_allocated_peak_bytes, peak=peak, root=root)
+                   baseline_peak_bytes=baseline.memory_allocated_peak_bytes, peak=peak, root=root,
+                   rounding_bytes=allocator_block_bytes(hardware) or 0)
 
     def reached(self) -> str:
         if self.peak is None:
@@ -354,12 +363,16 @@ def diagnose(
     current: dict[str, OpStats] | None = None,
     baseline: dict[str, OpStats] | None = None,
     memory: PeakMemory | None = None,
+    hardware: HardwareSpec | None = None,
 ) -> list[Finding]:
     """Findings for each regressed op type and each new one, biggest time first.
 
     ``current`` and ``baseline`` (op type -> stats) add the check for an op that became
-    memory-bound; ``memory`` says what held the memory at a regressed allocated peak.
+    memory-bound; ``memory`` says what held the memory at a regressed allocated peak;
+    ``hardware``, the current run's card, gives the figures the advice quotes (``None``: an
+    imported real profile, with the figures every bundled spec shares).
     """
+    alignment_bytes = dma_alignment_bytes(hardware)
     findings = []
     step_s = comparison.baseline_step_s
     allocated = next((v for v in comparison.verdicts if v.op_type == "memory.allocated_peak"), None)
@@ -380,7 +393,9 @@ def diagnose(
                 step_share_frac=share,
                 counters=counters,
                 call_sites=_call_sites(profile, v.op_type),
-                advice=_advice(v.op_type, counters, (current or {}).get(v.op_type), (baseline or {}).get(v.op_type)),
+                advice=(regressed_row_advice(v.op_type) if v.op_type in STEP_TRACE_ROWS  # step.free ...
+                        else _advice(v.op_type, counters, (current or {}).get(v.op_type), (baseline or {}).get(v.op_type),
+                                     alignment_bytes)),
             )
         )
     step_regressed = any(v.op_type == "step" and v.status == "regressed" for v in comparison.verdicts)

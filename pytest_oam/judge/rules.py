@@ -29,6 +29,7 @@ from simulator.profile import OpRecord, Profile
 from simulator.units import FP16_MAX
 
 from ..format import fmt_bytes_in, fmt_frac, fmt_gb_per_s, fmt_ms, fmt_percent, fmt_us
+from .card import dma_alignment_bytes
 from .compare import warm_steps
 from .explain import (
     CUBE_OP_TYPES,
@@ -39,6 +40,7 @@ from .explain import (
     shape_findings,
 )
 from .severity import SERIOUS_STEP_FRAC, SEVERITY_ORDER, WARNING_STEP_FRAC, Severity, grade_share
+from .step_trace import exposed_communication, free_time
 
 __all__ = ["RULES", "SERIOUS_STEP_FRAC", "SEVERITY_ORDER", "WARNING_STEP_FRAC", "Rule", "RuleContext",
            "RuleFinding", "Severity", "check_rules", "grade", "parse_rule_thresholds", "rule", "run_rules"]
@@ -310,8 +312,8 @@ def memory_bound_op(ctx: RuleContext) -> Iterable[RuleFinding]:
             ctx, "memory-bound", op, gain,
             f"{op.op_type} {op.input_shapes}: memory_bound {bound:.2f} but memory bandwidth at "
             f"{fmt_percent(util)} of peak, {op.dma_count} DMA transfers over {len(ops)} calls",
-            "move more bytes per DMA transfer (larger tiles, 512-byte aligned rows) or fuse the op with "
-            "its producer so the data stays on chip",
+            f"move more bytes per DMA transfer (larger tiles, {dma_alignment_bytes(ctx.hardware)}-byte aligned "
+            "rows) or fuse the op with its producer so the data stays on chip",
         )
         if found:
             yield found
@@ -419,13 +421,16 @@ def frequent_alloc(ctx: RuleContext) -> Iterable[RuleFinding]:
 
 
 @rule("comm-share", "Communication not overlapped with compute", share_frac=0.2, small_message_bytes=1 << 20,
-      align_bytes=512, needs_hardware=False)
+      align_bytes=0, needs_hardware=False)
 def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
     """Collectives whose exposed time (on the HCCL stream while no compute op runs, not counting
     waits for other ranks) takes more than ``share_frac`` of the step, with their overlap,
     algorithm and bus bandwidth, how many messages are small (below ``small_message_bytes``) and
     how many sizes are not a multiple of ``align_bytes`` (msprof-analyze advisor's byte-alignment
-    check of communication operators: 512 B)."""
+    check of communication operators). ``align_bytes`` 0 (the default): the card's DMA alignment,
+    ``dma.min_efficient_transfer_bytes`` of its hardware spec
+    (:func:`~pytest_oam.judge.card.dma_alignment_bytes`; a real profile: that of the bundled
+    specs, when they agree)."""
     step = ctx.profile.steps - 1
     comm = [op for op in ctx.step0_ops() if op.stream == "hccl" and op.comm is not None]
     total_s, exposed_s = ctx.profile.comm_time_s(step)
@@ -440,7 +445,8 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
         by_type[o.op_type] += o.duration_s - float(o.attrs.get("wait_time_s", 0.0))
     op = max(comm, key=lambda o: o.duration_s)
     small = sum(1 for o in comm if o.comm.bytes < ctx.thresholds["small_message_bytes"])
-    unaligned = sum(1 for o in comm if o.comm.bytes % ctx.thresholds["align_bytes"])
+    align = int(ctx.thresholds["align_bytes"]) or dma_alignment_bytes(ctx.hardware)
+    unaligned = sum(1 for o in comm if o.comm.bytes % align) if align else 0
     parts = ", ".join(f"{t} {fmt_ms(d)}" for t, d in sorted(by_type.items(), key=lambda kv: -kv[1]))
     found = _finding(
         ctx, "comm-share", op, exposed_s,
@@ -450,7 +456,7 @@ def comm_share(ctx: RuleContext) -> Iterable[RuleFinding]:
         f"{fmt_gb_per_s(op.comm.busbw_bytes_per_s)} bus bandwidth"
         + (f"; {small} messages under {fmt_bytes_in(ctx.thresholds['small_message_bytes'], 'MiB', None)}"
            if small else "")
-        + (f"; {unaligned} message sizes not a multiple of {ctx.thresholds['align_bytes']} B" if unaligned else ""),
+        + (f"; {unaligned} message sizes not a multiple of {align} B" if unaligned else ""),
         "overlap communication with compute (asynchronous gradient buckets during backward), fuse small "
         "messages into larger buckets, or keep the group inside one HCCS mesh",
     )
@@ -553,6 +559,31 @@ def slow_link(ctx: RuleContext) -> Iterable[RuleFinding]:
     )
     if found:
         yield found
+
+
+def _step_split_findings(rule_id: str, found: Iterable[tuple[str, str, str, float, float]]) -> Iterable[RuleFinding]:
+    """Findings from :mod:`.step_trace`'s rules over a real profile's step split, graded by the
+    share of the step they cost."""
+    for row, description, fix, gain_s, step_s in found:
+        severity = grade(gain_s, step_s)
+        if severity is not None:
+            yield RuleFinding(rule_id, severity, row, "", None, description, fix, gain_s, gain_s / step_s)
+
+
+@rule("step-communication-exposed", "Exposed communication in a real step's split (step_trace_time.csv)",
+      share_frac=0.2, needs_hardware=False)
+def step_communication_exposed(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """A real profile whose typical step spends ``share_frac`` or more in communication not
+    overlapped with compute (torch_npu's step_trace_time.csv, less the pipeline's receives)."""
+    return _step_split_findings("step-communication-exposed", exposed_communication(ctx.profile, ctx.thresholds["share_frac"]))
+
+
+@rule("step-free", "Device idle in a real step's split: host-bound (step_trace_time.csv)", share_frac=0.1,
+      needs_hardware=False)
+def step_free(ctx: RuleContext) -> Iterable[RuleFinding]:
+    """A real profile whose typical step leaves the device idle (``Free``) for ``share_frac``
+    or more of it (msprof-analyze's advisor flags free time as host-bound too)."""
+    return _step_split_findings("step-free", free_time(ctx.profile, ctx.thresholds["share_frac"]))
 
 
 # -- correctness rules (fatal) ---------------------------------------------------------------------

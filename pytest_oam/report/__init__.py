@@ -2,6 +2,6 @@
 (:mod:`.html`) and Chrome/Perfetto traces (:mod:`.trace`). The names of the former module
 ``pytest_oam.report`` are re-exported here, so that import path keeps working."""
 
-from ..format import *  # noqa: F403
-from .model import *  # noqa: F403
-from .text import *  # noqa: F403
+from ..format import *
+from .model import *
+from .text import *

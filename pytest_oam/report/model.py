@@ -1,6 +1,6 @@
 """The report of a gating run as data: the pydantic models of ``--oam-report PATH.json`` (one
-:class:`GateReport` per test, the typed result that crosses from an xdist worker to the
-controller), and reading and writing them. Everything shown to people is in
+:class:`GateReport` per test, carried from an xdist worker to the controller in the test's
+:class:`~pytest_oam.gate.result.GateResult`), and reading and writing them. Everything shown to people is in
 :mod:`pytest_oam.report.text`; unit conversions for display in :mod:`pytest_oam.format`.
 """
 
@@ -16,15 +16,10 @@ from ..judge.status import GateStatus
 
 #: 2: one severity scale (fatal / serious / warning / info) for rule findings and for the
 #: explanation of regressions, which version 1 graded critical / major / minor.
-#: 2: one severity scale (fatal / serious / warning / info) for rule findings and for the
-#: explanation of regressions, which version 1 graded critical / major / minor.
 REPORT_SCHEMA_VERSION = 2
 
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-
 
 
 class VerdictReport(BaseModel):

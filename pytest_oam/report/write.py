@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .model import GateReport, OamReport, dump_report
 
+if TYPE_CHECKING:
+    from .html import RunSeries
+
 
 def write_report(path: Path, tests: Sequence[GateReport], baseline_dir: Path | None,
-                 series: Mapping[str, list[dict[str, Any]]], rules: tuple[Mapping, Mapping]) -> None:
+                 series: Mapping[str, Sequence[RunSeries]], rules: tuple[Mapping, Mapping]) -> None:
     """Write the report of ``tests`` (in test order) to ``path``: ``.json`` (:class:`OamReport`),
     ``.md`` (a job summary) or ``.html`` (a page with plots of each test's ``series``; ``rules``,
     the session's diagnosis rules and rule thresholds, set what a spike is).

@@ -1,7 +1,7 @@
 """The tuned-results knowledge base: the best known configuration of an operator per shapes,
 dtype, hardware and simulator version, as Ascend's AOE keeps tuned tilings in a knowledge base.
 
-    result = auto_tune(target=OptimizationTarget(operator="FlashAttention", metric="latency_ms"), ...)
+    result = auto_tune(target=OptimizationTarget(operator="FlashAttention", metric="latency_s"), ...
     result.save_to("tuned/knowledge_base.json")                 # or: oam tune job.toml --save PATH
     kb = KnowledgeBase.load("tuned/knowledge_base.json")
     config = kb.lookup("FlashAttention", shapes=[[1, 32, 4096, 128]] * 3, dtype="fp16", hardware="ascend910")
@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, StringConstraints, ValidationError
 
@@ -31,7 +31,7 @@ from ..files.fileio import InputFileError, atomic_write_text, file_state, read_j
 if TYPE_CHECKING:
     from simulator.profile import Profile
 
-    from .search import TuneResult
+    from .calls import OpCall
 
 SCHEMA_VERSION = 1
 #: Where the plugin looks when the ``oam_knowledge_base`` ini key is not set (relative to the ini file).
@@ -263,9 +263,36 @@ class KnowledgeBase:
         atomic_write_text(self.path, self.dump())
 
 
-def record_from_result(result: TuneResult, *, shapes: Sequence[Sequence[int]] | None = None,
+class _TargetLike(Protocol):
+    operator: str | None
+    metric: str
+    constraint: str | None
+
+
+class _TrialLike(Protocol):
+    params: dict[str, Any]
+    metrics: dict[str, float]
+    op_calls: tuple[OpCall, ...]
+
+
+class TuningResult(Protocol):
+    """What :func:`record_from_result` reads of a tuning result, a
+    :class:`pytest_oam.tune.TuneResult` (a protocol: the knowledge base does not import the
+    search, which saves into it)."""
+
+    target: _TargetLike
+    best: _TrialLike | None
+    default: _TrialLike
+    trials: list[_TrialLike]
+    hardware: str
+    sampler: str
+    unique_evaluations: int
+    seed: int
+
+
+def record_from_result(result: TuningResult, *, shapes: Sequence[Sequence[int]] | None = None,
                        dtype: str | None = None, workload: str | None = None) -> TunedRecord:
-    """The knowledge base record of a tuning result (see :meth:`TuneResult.save_to`).
+    """The knowledge base record of a tuning result (see :meth:`pytest_oam.tune.TuneResult.save_to`).
 
     Raises:
         TuneError: no feasible configuration, no operator in the target, or an operator
@@ -310,7 +337,7 @@ def record_from_result(result: TuneResult, *, shapes: Sequence[Sequence[int]] | 
                         f"(configuration values must be booleans, numbers, text or None): {problems}") from None
 
 
-def _record(result: TuneResult, best_call, default_call, workload: str | None) -> TunedRecord:
+def _record(result: TuningResult, best_call, default_call, workload: str | None) -> TunedRecord:
     import simulator
 
     target = result.target

@@ -2,7 +2,7 @@
 
     from pytest_oam import OptimizationTarget, ParameterSpace, auto_tune
     target = OptimizationTarget(operator="FlashAttention", metric="throughput_tokens_per_s",
-                                constraint="latency_ms < 50")
+                                constraint="latency_s < 0.05")
     space = ParameterSpace()
     space.add_discrete("block_size", [128, 256, 512, 1024])
     space.add_discrete("pipeline_stages", [2, 3, 4, 5])
@@ -18,6 +18,7 @@ proposals are answered from a cache and do not count against ``max_iterations``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import math
@@ -32,13 +33,19 @@ from .calls import OpCall, TuneError, calls_of
 #: Metric -> (direction, description). Times per step; memory needs a memory-tracked run.
 METRICS: dict[str, tuple[str, str]] = {
     "throughput_tokens_per_s": ("maximize", "tokens per step over the time (of the operator, or the step)"),
-    "latency_ms": ("minimize", "time per step of the operator (or the whole step), in milliseconds"),
+    "latency_s": ("minimize", "time per step of the operator (or the whole step), in seconds"),
     "flop_per_s": ("maximize", "FLOP per second of the operator (or the step)"),
     "peak_memory_bytes": ("minimize", "peak reserved HBM of the caching allocator"),
+    "latency_ms": ("minimize", "deprecated: latency_s in milliseconds"),
 }
+#: Deprecated metric names -> the metric to use. They still work (and are still measured, so
+#: records and results keep them), with a ``DeprecationWarning`` when a target names one.
+DEPRECATED_METRICS = {"latency_ms": "latency_s"}
+#: The metrics to name in messages (the deprecated ones are left out).
+_KNOWN = ", ".join(m for m in METRICS if m not in DEPRECATED_METRICS)
 #: Metrics that are never zero: a measured time is positive (a zero time is an infeasible trial),
 #: and so is throughput (tokens over that time). The others are never negative.
-_POSITIVE_METRICS = frozenset({"latency_ms", "throughput_tokens_per_s"})
+_POSITIVE_METRICS = frozenset({"latency_s", "latency_ms", "throughput_tokens_per_s"})
 _COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 _CONDITION = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
@@ -46,11 +53,14 @@ _CONDITION = re.compile(r"^\s*([a-z_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 @dataclass(frozen=True)
 class OptimizationTarget:
     """What to optimise: ``metric`` of ``operator`` (an op type; ``None``: the whole step),
-    subject to ``constraint`` (``"latency_ms < 50"``, several joined with ``and``).
+    subject to ``constraint`` (``"latency_s < 0.05"``, several joined with ``and``).
+
+    ``latency_ms`` (the time in milliseconds) is deprecated: it still works, as a metric or in a
+    constraint, with a ``DeprecationWarning``; use ``latency_s``.
 
     Raises:
         TuneError: an unknown metric, a constraint that does not parse, or one that can never
-            hold (``latency_ms < 0``: no metric is negative).
+            hold (``latency_s < 0``: no metric is negative).
     """
 
     operator: str | None = None
@@ -62,12 +72,17 @@ class OptimizationTarget:
             raise TuneError(f"operator must be an op type such as 'FlashAttention' (or None: the whole step), "
                             f"got {self.operator!r}")
         if not isinstance(self.metric, str):
-            raise TuneError(f"metric must be a name, got {self.metric!r}; known: {', '.join(METRICS)}")
+            raise TuneError(f"metric must be a name, got {self.metric!r}; known: {_KNOWN}")
         if self.constraint is not None and not isinstance(self.constraint, str):
-            raise TuneError(f"constraint must be text such as 'latency_ms < 50', got {self.constraint!r}")
+            raise TuneError(f"constraint must be text such as 'latency_s < 0.05', got {self.constraint!r}")
         if self.metric not in METRICS:
-            raise TuneError(f"unknown metric {self.metric!r}; known: {', '.join(METRICS)}")
-        self.conditions()
+            raise TuneError(f"unknown metric {self.metric!r}; known: {_KNOWN}")
+        old = sorted(({self.metric} | {name for name, _, _ in self.conditions()}) & set(DEPRECATED_METRICS))
+        if old:
+            import warnings
+
+            warnings.warn(f"the tuning metric {', '.join(old)} is deprecated: use "
+                          f"{', '.join(DEPRECATED_METRICS[m] for m in old)} (seconds)", DeprecationWarning, stacklevel=3)
 
     @property
     def maximize(self) -> bool:
@@ -82,10 +97,10 @@ class OptimizationTarget:
             match = _CONDITION.match(part)
             if not match:
                 raise TuneError(f"constraint {self.constraint!r}: {part!r} is not METRIC < NUMBER "
-                                f"(comparisons <, <=, >, >=; metrics {', '.join(METRICS)})")
+                                f"(comparisons <, <=, >, >=; metrics {_KNOWN})")
             name, op, bound = match.groups()
             if name not in METRICS:
-                raise TuneError(f"constraint {self.constraint!r}: unknown metric {name!r}; known: {', '.join(METRICS)}")
+                raise TuneError(f"constraint {self.constraint!r}: unknown metric {name!r}; known: {_KNOWN}")
             try:
                 value = float(bound)
             except ValueError:
@@ -251,23 +266,33 @@ class TuneResult:
 WORKLOAD_BUGS = (NameError, AttributeError, TypeError, ImportError, SyntaxError)
 
 
+def _runner(torch_setup: Callable | None) -> Callable:
+    """How a configuration runs: ``simulator.run`` for a native workload, ``simulator.run_torch``
+    with ``torch_setup`` for a PyTorch step."""
+    import simulator
+
+    if torch_setup is None:
+        return simulator.run
+    return functools.partial(simulator.run_torch, setup=torch_setup)
+
+
 def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_kwargs: dict,
-             track_memory: bool = False, bugs_stop: bool = True) -> Trial:
-    """Run one configuration. ``params`` and ``run_kwargs`` go to ``simulator.run`` (which
-    hands the workload what is not its own, and takes ``allocator`` itself); ``track_memory``
-    models device memory even when no memory metric is needed.
+             track_memory: bool = False, bugs_stop: bool = True, torch_setup: Callable | None = None) -> Trial:
+    """Run one configuration. ``params`` and ``run_kwargs`` go to ``simulator.run`` (or
+    ``simulator.run_torch`` with ``torch_setup``, which hand the workload what is not their
+    own, and take ``allocator`` themselves); ``track_memory`` models device memory even when no
+    memory metric is needed.
 
     Raises:
         TuneError: the workload raised one of :data:`WORKLOAD_BUGS` (with ``bugs_stop``; without
             it, an infeasible trial as for any other exception).
     """
-    import simulator
     from simulator.allocator import OutOfMemoryError
     from simulator.units import MS_PER_S
 
     needs_memory = track_memory or "peak_memory_bytes" in target.metrics_needed()
     try:
-        profile = simulator.run(workload, memory=needs_memory, **run_kwargs, **params)
+        profile = _runner(torch_setup)(workload, memory=needs_memory, **run_kwargs, **params)
     except (ValueError, OutOfMemoryError) as exc:  # ShapeError is a ValueError
         return Trial(params, {}, False, f"cannot run: {exc}", math.inf)
     except WORKLOAD_BUGS as exc:
@@ -293,8 +318,8 @@ def _measure(target: OptimizationTarget, workload: Callable, params: dict, run_k
         op_calls = calls_of(records, profile.op_steps(target.operator))
     if time_s <= 0:
         return Trial(params, {}, False, "the measured time is zero", math.inf)
-    # not display: latency_ms is a metric a target names (OptimizationTarget("latency_ms")), in ms
-    metrics = {"latency_ms": time_s * MS_PER_S, "flop_per_s": flop / time_s}
+    # not display: latency_ms, the deprecated metric a target may still name, is in milliseconds
+    metrics = {"latency_s": time_s, "latency_ms": time_s * MS_PER_S, "flop_per_s": flop / time_s}
     if profile.tokens_per_step:
         metrics["throughput_tokens_per_s"] = profile.tokens_per_step / time_s
     if profile.memory:
@@ -363,7 +388,8 @@ def _check_allocators(values: Sequence[Any], where: str) -> None:
             raise TuneError(f"{where}: allocator setting {value!r}: {exc}") from None
 
 
-def _check_default(target: OptimizationTarget, workload: Callable, default: Trial, run_kwargs: dict) -> None:
+def _check_default(target: OptimizationTarget, workload: Callable, default: Trial, run_kwargs: dict,
+                   torch_setup: Callable | None = None) -> None:
     """After the default configuration ran: the operator exists and the metrics can be measured.
 
     Raises:
@@ -372,9 +398,7 @@ def _check_default(target: OptimizationTarget, workload: Callable, default: Tria
     if target.operator is None or not default.reason:
         return
     if default.reason.startswith(f"the workload ran no {target.operator}"):
-        import simulator
-
-        profile = simulator.run(workload, **run_kwargs)
+        profile = _runner(torch_setup)(workload, **run_kwargs)
         raise TuneError(f"the workload runs no {target.operator!r}; its op types: {', '.join(profile.op_types)}")
     if default.reason.startswith("no ") and "set_tokens_per_step" in default.reason:
         raise TuneError(f"metric {target.metric!r} cannot be measured: {default.reason}")
@@ -396,10 +420,16 @@ def auto_tune(
     study_name: str | None = None,
     sampler: str = "tpe",
     sampler_options: dict[str, Any] | None = None,
+    torch_setup: Callable[[], Any] | None = None,
     **fixed: Any,
 ) -> TuneResult:
     """Search ``param_space`` for the configuration of ``workload(npu, **fixed, **params)``
     that optimises ``target`` (see the module docstring).
+
+    With ``torch_setup``, ``workload`` is a PyTorch step captured by
+    :func:`simulator.capture.run_torch`: each configuration runs
+    ``workload(*torch_setup(), **fixed, **params)`` on fake tensors (``torch_setup`` is called
+    again for each, so a parameter may change what the step builds or reads).
 
     ``max_iterations`` bounds the unique evaluations; with ``early_stopping`` the search stops
     when the best feasible value has not improved for ``patience`` unique evaluations.
@@ -430,6 +460,8 @@ def auto_tune(
         raise TuneError(f"target must be an OptimizationTarget, got {target!r}")
     if not callable(workload):
         raise TuneError(f"workload must be a function workload(npu, **params), got {workload!r}")
+    if torch_setup is not None and not callable(torch_setup):
+        raise TuneError(f"torch_setup must be a function of no arguments (the step's setup), got {torch_setup!r}")
     if not isinstance(param_space, ParameterSpace):
         raise TuneError(f"param_space must be a ParameterSpace, got {type(param_space).__name__}")
     if not param_space.params:
@@ -468,8 +500,8 @@ def auto_tune(
     run_kwargs = {"hardware": hardware, "devices": devices, "steps": steps, **fixed}
     # the workload's own defaults may not run at all (a parameter the space always sets, None by
     # default): an infeasible default, whatever it raises
-    default = _measure(target, workload, {}, run_kwargs, track_memory, bugs_stop=False)
-    _check_default(target, workload, default, run_kwargs)
+    default = _measure(target, workload, {}, run_kwargs, track_memory, bugs_stop=False, torch_setup=torch_setup)
+    _check_default(target, workload, default, run_kwargs, torch_setup)
     cache: dict[tuple, Trial] = {}
     order: list[Trial] = []
     sign = -1.0 if target.maximize else 1.0
@@ -477,7 +509,7 @@ def auto_tune(
     def evaluate(params: dict) -> Trial:
         key = tuple(sorted((k, repr(v)) for k, v in params.items()))
         if key not in cache:
-            cache[key] = _measure(target, workload, params, run_kwargs, track_memory)
+            cache[key] = _measure(target, workload, params, run_kwargs, track_memory, torch_setup=torch_setup)
             order.append(cache[key])
         return cache[key]
 

@@ -5,152 +5,55 @@ Architectures from Touvron et al., "Llama 2: Open Foundation and Fine-Tuned Chat
 vocabulary 32000; grouped-query attention with 8 KV heads for 70B).
 
 Memory per card follows Korthikanti et al., "Reducing Activation Recomputation in Large
-Transformer Models" (MLSys 2023): activations of ``s * b * h * (10 + 24 / t)`` bytes per
-layer with tensor parallelism ``t`` when FlashAttention removes the ``5 a s / h`` term;
-mixed-precision Adam keeps fp16 weights and gradients plus fp32 master weights, momentum and
-variance (12 bytes per parameter), sharded over data parallelism with ZeRO stage 1
-(Rajbhandari et al., SC 2020).
+Transformer Models" (MLSys 2023), over the tensors a Llama layer saves for its backward (see
+:mod:`simulator.models.llama_memory`); mixed-precision Adam keeps fp16 weights and gradients
+plus fp32 master weights, momentum and variance (12 bytes per parameter), sharded over data
+parallelism by the layout's ZeRO stage (Rajbhandari et al., SC 2020).
 
 Gradient reduction over data parallelism overlaps backward as in Megatron-Core's
 ``DistributedDataParallel`` with ``overlap_grad_reduce``: gradients fill buckets of
 ``max(40_000_000, 1_000_000 * dp)`` parameters (Megatron-Core's default ``bucket_size``,
 ``megatron/core/distributed/distributed_data_parallel_config.py``) in backward order, and each
-full bucket is reduce-scattered (ZeRO-1) or all-reduced asynchronously on the HCCL stream
-while backward goes on; the optimizer waits for them.
+full bucket is reduce-scattered (ZeRO-1 to 3) or all-reduced (ZeRO-0) asynchronously on the HCCL
+stream while backward goes on; the optimizer waits for them.
 
 Device memory (modelled by the caching allocator with ``memory=True``; without it the NPU still
 counts the live tensors' bytes against the card's HBM) follows a Megatron training loop: the
 fp16 weights, a contiguous gradient buffer (Megatron-Core's ``ParamAndGradBuffer``) and the fp32
-optimizer state (master weights, Adam's two moments; sharded over data parallelism with ZeRO-1)
-are allocated once, at the job's first step, and live for the whole job. Each op's output lives
-as long as autograd would keep it: the tensors a layer saves for its backward (its input, the
-norm outputs, the QKV projection, the rotated Q/K, the attention output, the residual sum, the
-gate/up projection, the SiLU and the gated product) live until that layer's backward, the
-logits until the loss backward, and every other output is freed as soon as the next op has
-consumed it. Weight gradients are accumulated into the gradient buffer by the GEMM itself
-(Megatron's ``gradient_accumulation_fusion``), but the op's output here is still a temporary.
+optimizer state (master weights, Adam's two moments) are allocated once, at the job's first
+step, and live for the whole job, each sharded over data parallelism as the ZeRO stage says.
+Each op's output lives as long as autograd would keep it: the tensors a layer saves for its
+backward (its input, the norm outputs, the QKV projection, the rotated Q/K, the attention
+output, the residual sum, the gate/up projection, the SiLU and the gated product) live until
+that layer's backward, the logits until the loss backward, and every other output is freed as
+soon as the next op has consumed it. With full recompute a layer saves its input only and runs
+its forward again right before its backward. Weight gradients are accumulated into the
+gradient buffer by the GEMM itself (Megatron's ``gradient_accumulation_fusion``), but the op's
+output here is still a temporary.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
+from ..hardware import HardwareSpec
 from ..runtime import NPU, Tensor
-from ..units import DTYPE_BYTES
+from . import pipeline
+from .layout import ParallelLayout
+from .llama_config import LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LlamaConfig
+from .llama_memory import (
+    MASTER_STATES_PER_PARAM,
+    RECOMPUTE_MODES,
+    MemoryEstimate,
+    memory_estimates,
+    memory_per_card_bytes,
+    stage_params,
+)
 
-_MASTER_STATES_PER_PARAM = 3  # fp32 master weight, m, v
-_MASTER_STATE_BYTES_PER_PARAM = _MASTER_STATES_PER_PARAM * DTYPE_BYTES["fp32"]
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    """A Llama-family decoder. Sizes are element counts."""
-
-    name: str
-    hidden_size: int
-    ffn_hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    num_layers: int
-    vocab_size: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def param_count(self) -> int:
-        """Parameters: embedding, LM head, per layer attention + SwiGLU MLP + 2 norms, final norm."""
-        h, d = self.hidden_size, self.head_dim
-        attn = h * h * 2 + 2 * h * self.num_kv_heads * d
-        mlp = 3 * h * self.ffn_hidden_size
-        return 2 * self.vocab_size * h + self.num_layers * (attn + mlp + 2 * h) + h
-
-
-LLAMA2_7B = LlamaConfig("llama-2-7b", 4096, 11008, 32, 32, 32, 32000)
-LLAMA2_13B = LlamaConfig("llama-2-13b", 5120, 13824, 40, 40, 40, 32000)
-LLAMA2_70B = LlamaConfig("llama-2-70b", 8192, 28672, 64, 8, 80, 32000)
-
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    """Megatron-style layout: ``tensor_parallel`` x ``data_parallel`` x ``pipeline_parallel`` cards.
-
-    Ranks are ordered as Megatron's default ``tp-dp-pp``: tensor-parallel groups are
-    consecutive ranks (inside one HCCS group when they fit), data-parallel groups take every
-    ``tensor_parallel``-th rank within a pipeline stage, and stage ``k`` starts at rank
-    ``k * tensor_parallel * data_parallel``. ``zero_stage`` 1 shards the optimizer state over
-    data parallelism. ``micro_batches`` per step run in the 1F1B pipeline schedule (Narayanan
-    et al., SC 2021), or one after the other with gradient accumulation without pipelining.
-    """
-
-    tensor_parallel: int = 1
-    data_parallel: int = 1
-    zero_stage: int = 1
-    pipeline_parallel: int = 1
-    micro_batches: int = 1
-
-    def __post_init__(self) -> None:
-        for field_name in ("tensor_parallel", "data_parallel", "pipeline_parallel", "micro_batches"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ParallelLayout.{field_name} must be a positive integer, got {value!r}")
-        if self.zero_stage not in (0, 1):
-            raise ValueError(f"ParallelLayout.zero_stage must be 0 or 1, got {self.zero_stage!r}")
-
-    @property
-    def devices(self) -> int:
-        return self.tensor_parallel * self.data_parallel * self.pipeline_parallel
-
-    def tp_ranks(self) -> tuple[int, ...]:
-        return tuple(range(self.tensor_parallel))
-
-    def dp_ranks(self) -> tuple[int, ...]:
-        return tuple(range(0, self.tensor_parallel * self.data_parallel, self.tensor_parallel))
-
-    def next_stage_rank(self) -> int:
-        """Rank 0's peer in pipeline stage 1."""
-        return self.tensor_parallel * self.data_parallel
-
-    @classmethod
-    def default_for(cls, config: LlamaConfig, devices: int, hccs_group_size: int) -> ParallelLayout:
-        """Tensor parallelism over one HCCS group (or fewer cards), data parallelism across."""
-        tp = 1
-        while (
-            tp * 2 <= min(devices, hccs_group_size)
-            and devices % (tp * 2) == 0
-            and config.num_kv_heads % (tp * 2) == 0
-        ):
-            tp *= 2
-        return cls(tensor_parallel=tp, data_parallel=devices // tp)
-
-
-def _stage_params(config: LlamaConfig, layout: ParallelLayout) -> int:
-    """Parameters rank 0 holds: its stage's layers (and the embedding, plus the final norm and
-    LM head without pipelining), divided over tensor parallelism."""
-    h, v = config.hidden_size, config.vocab_size
-    per_layer = (config.param_count - 2 * v * h - h) // config.num_layers
-    layers = -(-config.num_layers // layout.pipeline_parallel)
-    params = layers * per_layer + v * h + (v * h + h if layout.pipeline_parallel == 1 else 0)
-    return -(-params // layout.tensor_parallel)
-
-
-def memory_per_card_bytes(config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int) -> int:
-    """Estimated HBM bytes one card of pipeline stage 0 needs for a training step (see the
-    module docstring): its 1/pp of the layers, and in 1F1B the activations of up to ``pp``
-    micro-batches in flight."""
-    t, dp, pp = layout.tensor_parallel, layout.data_parallel, layout.pipeline_parallel
-    layers = -(-config.num_layers // pp)
-    h = config.hidden_size
-    params = _stage_params(config, layout)
-    weights_and_grads = params * 2 * DTYPE_BYTES["fp16"]
-    shard = dp if layout.zero_stage >= 1 else 1
-    optimizer = params * _MASTER_STATE_BYTES_PER_PARAM / shard
-    in_flight = min(pp, layout.micro_batches) if pp > 1 else 1
-    activations = layers * seq_len * batch_size * h * (10 + 24 / t) * in_flight
-    logits = seq_len * batch_size * config.vocab_size / t * (DTYPE_BYTES["fp16"] + DTYPE_BYTES["fp32"]) if pp == 1 else 0
-    return int(weights_and_grads + optimizer + activations + logits)
+__all__ = [
+    "LLAMA2_7B", "LLAMA2_13B", "LLAMA2_70B", "RECOMPUTE_MODES", "TRAINING_DTYPES", "LlamaConfig", "MemoryEstimate",
+    "ParallelLayout", "memory_estimates", "memory_per_card_bytes", "pipeline_plan", "training_step",
+]
 
 
 #: Compute dtypes :func:`training_step` trains in (bf16 needs a Cube unit with a bf16 rate: the 910B).
@@ -170,6 +73,7 @@ def training_step(
     dtype: str = "fp16",
     overlap_grad_reduce: bool = True,
     grad_bucket_params: int | None = None,
+    recompute: str | None = None,
 ) -> None:
     """One training step (forward, backward, AdamW) of ``config`` on rank 0 of ``npu.devices``.
 
@@ -177,26 +81,50 @@ def training_step(
     FlashAttention options pass through to every attention layer. With data parallelism,
     ``overlap_grad_reduce`` reduces gradients in buckets of ``grad_bucket_params`` parameters
     (default: Megatron-Core's ``max(40M, 1M x dp)``) on the HCCL stream during the last
-    micro-batch's backward; without it, one blocking collective after backward reduces them all.
+    micro-batch's backward (every micro-batch's with ZeRO-2 and 3, which keep no full gradient);
+    without it, one blocking collective after backward reduces them all.
 
-    With pipeline parallelism rank 0 runs stage 0 (the embedding and the first layers) in the
-    1F1B schedule: ``pp - 1`` warm-up forwards, then one forward and one backward per
-    micro-batch, then the cool-down backwards. Stages are alike (all ranks behave alike), so the
-    gradient of a micro-batch comes back ``(pp - 1)`` stage forwards and backwards after its
-    forward left, plus the activation and gradient transfers; a ``Receive`` posted earlier waits
-    for it (the pipeline bubble, ``attrs["wait_time_s"]``). Stage times are measured by
-    simulating one micro-batch of the stage on a scratch card first.
+    ``recompute`` (Korthikanti et al., MLSys 2023; Megatron's ``--recompute-granularity``):
+    ``None`` saves every activation a layer's backward reads. ``"full"`` saves each layer's
+    input only and runs the layer's forward again (its ops named ``layers.N.recompute.*``,
+    tensor-parallel collectives included) right before the layer's backward: activations of
+    ``2 s b h`` bytes per layer (``/ t`` with sequence parallelism) instead of the whole set,
+    for one more forward per layer. ``"selective"`` recomputes the attention core only
+    (Megatron-Core's ``checkpoint_core_attention``): its softmax, dropout and ``QK^T``/``V``
+    products, whose ``5 a s^2 b`` bytes Korthikanti's selective recompute saves. FlashAttention
+    never stores them (it keeps Q, K, V, the output and row statistics, which the checkpoint
+    keeps too, the output being the next projection's input), so here selective recompute saves
+    no memory and costs one FlashAttention forward per layer (``layers.N.recompute.attn.core``)
+    before the FlashAttentionGrad.
+
+    Pipeline parallelism runs the 1F1B schedule, interleaved over ``layout.virtual_pipeline``
+    model chunks per stage (:mod:`simulator.models.pipeline`). Every stage is simulated: each
+    stage's chunks (the first with the embedding, the last with the final norm, the LM head
+    and the loss, the others with layers only) run one micro-batch's forward and backward on
+    scratch cards to time them, the schedule places every pass of every stage, and ``npu`` runs
+    stage 0's ops in stage 0's order, each ``Receive`` waiting (``attrs["wait_time_s"]``) until
+    the schedule says its sender sends (measured from stage 0's own send that began the chain,
+    so a stall of stage 0 delays its neighbours too). The profile holds stage 0's ops: it starts
+    the step and, its last backward closing the chain of every micro-batch, ends it; a slower
+    stage (the last one's LM head and loss) shows as longer waits in stage 0's receives. After
+    the pipeline every stage reduces its gradients and steps its optimizer over parameter counts
+    that differ by the final norm only, so stage 0 finishes last and its step is the job's.
 
     Raises:
-        ValueError: ``dtype`` is not one of :data:`TRAINING_DTYPES`, the layout does not match
-            ``npu.devices``, does not divide the heads or the
-            layers, or the step does not fit in one card's HBM (the message gives both sizes).
+        ValueError: ``dtype`` is not one of :data:`TRAINING_DTYPES`, ``recompute`` is not one of
+            :data:`RECOMPUTE_MODES`, the layout does not match ``npu.devices``, does not divide
+            the heads, the layers (over ``pipeline_parallel x virtual_pipeline`` chunks) or, with
+            sequence parallelism, the sequence; or the step does not fit in one card's HBM
+            (:func:`memory_estimates`, the HCCL buffers included; the message gives both sizes).
         OutOfMemoryError: the step's tensors do not fit in the card's HBM after all (with
             ``memory=True`` as the caching allocator finds; without, their bytes alone).
     """
     hw = npu.hardware
     if dtype not in TRAINING_DTYPES:
         raise ValueError(f"{config.name}: dtype {dtype!r} is not a training dtype; use one of {', '.join(TRAINING_DTYPES)}")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"{config.name}: recompute={recompute!r} is not one of "
+                         f"{', '.join(map(repr, RECOMPUTE_MODES))}")
     if layout is None:
         layout = ParallelLayout.default_for(config, npu.devices, hw.interconnect.hccs_group_size)
     if layout.devices != npu.devices:
@@ -205,15 +133,15 @@ def training_step(
             f"pp={layout.pipeline_parallel} needs {layout.devices} cards, the job has {npu.devices}"
         )
     t, pp, micro = layout.tensor_parallel, layout.pipeline_parallel, layout.micro_batches
-    if config.num_kv_heads % t or config.ffn_hidden_size % t or config.vocab_size % t:
-        raise ValueError(f"{config.name}: tensor_parallel={t} must divide kv heads, FFN size and vocabulary")
-    if config.num_layers % pp:
-        raise ValueError(f"{config.name}: pipeline_parallel={pp} must divide the {config.num_layers} layers")
-    need = memory_per_card_bytes(config, layout, batch_size, seq_len)
-    if need > hw.memory.hbm_capacity_bytes:
+    layout.check_model(config, batch_size, seq_len)
+    estimates = memory_estimates(config, layout, batch_size, seq_len, recompute=recompute, dtype=dtype, hardware=hw,
+                                 fusion=fusion)
+    worst = max(estimates, key=lambda e: e.total_bytes)
+    if worst.total_bytes > hw.memory.hbm_capacity_bytes:
+        where = f" (pipeline stage {worst.stage})" if pp > 1 else ""
         raise ValueError(
             f"{config.name}: batch_size={batch_size}, seq_len={seq_len} with tp={t}, "
-            f"dp={layout.data_parallel}, pp={pp} needs about {need / 2**30:.1f} GiB per card; "
+            f"dp={layout.data_parallel}, pp={pp} needs about {worst.total_bytes / 2**30:.1f} GiB per card{where}; "
             f"{hw.name} has {hw.memory.hbm_capacity_bytes / 2**30:.1f} GiB"
         )
     npu.set_tokens_per_step(batch_size * seq_len * layout.data_parallel * micro)
@@ -223,91 +151,187 @@ def training_step(
     if not isinstance(grad_bucket_params, int) or grad_bucket_params < 1:
         raise ValueError(f"grad_bucket_params must be a positive integer, got {grad_bucket_params!r}")
     if npu not in _PERSISTENT:  # without memory modelling too: they count in the NPU's live bytes
-        shard = dp if layout.zero_stage >= 1 else 1
-        _PERSISTENT[npu] = _Persistent(npu, _stage_params(config, layout), dtype, shard)
+        _PERSISTENT[npu] = _Persistent(npu, stage_params(config, layout, 0), dtype, layout)
     grads = _GradReducer(npu, layout, dtype, grad_bucket_params if overlap_grad_reduce else None)
-    model = _Stage(config, layout, batch_size, seq_len, dtype,
-                   {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True})
+    fa = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True}
 
     if pp == 1:
+        model = _Stage(config, layout, batch_size, seq_len, dtype, fa, range(config.num_layers), recompute)
+        every_micro_batch = layout.zero_stage >= 2  # no full gradient is kept: each micro-batch's is reduced
         for mb in range(micro):  # gradient accumulation: gradients are reduced in the last one
             model.forward(npu)
-            model.backward(npu, grads if mb == micro - 1 else None)
+            model.backward(npu, grads if every_micro_batch or mb == micro - 1 else None)
+            if every_micro_batch and mb < micro - 1:
+                grads.flush()
     else:
-        _one_f_one_b(npu, model, grads, layout)
+        _run_pipeline(npu, config, layout, batch_size, seq_len, dtype, fa, recompute, grads)
 
-    # ---- optimizer: ZeRO-1 over data parallelism, once every gradient bucket is reduced
+    # ---- optimizer: over the shard ZeRO gives this card, once every gradient bucket is reduced
     grads.finish()
     params_local = grads.total_params
     if dp > 1 and layout.zero_stage >= 1:
         padded = -(-params_local // dp) * dp
         npu.adamw(padded // dp, name="optimizer.adamw")
-        npu.all_gather(Tensor((padded // dp,), dtype), ranks=layout.dp_ranks(), name="params.dp_all_gather")
+        if layout.zero_stage < 3:  # ZeRO-3 keeps its parameters sharded: they are gathered where used
+            npu.all_gather(Tensor((padded // dp,), dtype), ranks=layout.dp_ranks(), name="params.dp_all_gather")
     else:
         npu.adamw(params_local, name="optimizer.adamw")
 
 
 class _Persistent:
     """What lives for the whole job on a card: weights, gradient buffer, optimizer state (see the
-    module docstring). Held per :class:`NPU` in :data:`_PERSISTENT`."""
+    module docstring), each sharded over data parallelism as the ZeRO stage says. Held per
+    :class:`NPU` in :data:`_PERSISTENT`."""
 
-    def __init__(self, npu: NPU, stage_params: int, dtype: str, shard: int) -> None:
-        self.weights = npu.tensor((stage_params,), dtype)
-        self.grad_buffer = npu.tensor((stage_params,), dtype)
-        self.optimizer_state = npu.tensor((-(-stage_params // shard) * _MASTER_STATES_PER_PARAM,), "fp32")
+    def __init__(self, npu: NPU, stage_params: int, dtype: str, layout: ParallelLayout) -> None:
+        dp, zero = layout.data_parallel, layout.zero_stage
+
+        def shard(stage: int) -> int:  # ZeRO stage ``stage`` and above shard this one
+            return -(-stage_params // dp) if zero >= stage else stage_params
+
+        self.weights = npu.tensor((shard(3),), dtype)
+        self.grad_buffer = npu.tensor((shard(2),), dtype)
+        self.optimizer_state = npu.tensor((shard(1) * MASTER_STATES_PER_PARAM,), "fp32")
 
 
 #: Job-long tensors of each card, created at its first training step.
 _PERSISTENT: weakref.WeakKeyDictionary[NPU, _Persistent] = weakref.WeakKeyDictionary()
 
 
-def _one_f_one_b(npu: NPU, model: _Stage, grads: _GradReducer, layout: ParallelLayout) -> None:
-    """Stage 0 of a ``pp``-stage pipeline in the 1F1B schedule."""
+def pipeline_plan(
+    config: LlamaConfig,
+    layout: ParallelLayout,
+    *,
+    hardware: HardwareSpec | str,
+    batch_size: int = 1,
+    seq_len: int = 2048,
+    dtype: str = "fp16",
+    recompute: str | None = None,
+    block_size: int = 128,
+    pipeline_stages: int = 2,
+    fusion: bool = True,
+) -> list[dict[pipeline.Pass, pipeline.PassTime]]:
+    """Every pipeline stage's passes of one :func:`training_step`, placed on the step's time line
+    as the builder schedules them (:func:`simulator.models.pipeline.simulate`, seconds from the
+    step's start): each stage's chunks timed by simulating one micro-batch on a scratch card (the
+    first stage's with the embedding, the last one's with the final norm, LM head and loss), each
+    transfer costed over the link between the two stages' first ranks. The arguments are
+    :func:`training_step`'s.
+
+    Raises:
+        ValueError: unknown hardware, a layout that does not split the model, or as
+            :func:`training_step` for the dtype and ``recompute``.
+    """
+    from ..hardware import load_hardware
+
+    hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    if dtype not in TRAINING_DTYPES or recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"{config.name}: dtype {dtype!r} must be one of {', '.join(TRAINING_DTYPES)} and recompute "
+                         f"{recompute!r} one of {', '.join(map(repr, RECOMPUTE_MODES))}")
+    layout.check_model(config, batch_size, seq_len)
+    fa = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True}
+    return _plan(hw, config, layout, batch_size, seq_len, dtype, fa, recompute)
+
+
+def _chunk_model(config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int, dtype: str, fa: dict,
+                 recompute: str | None, stage: int, chunk: int) -> _Stage:
+    """Model chunk ``chunk`` of pipeline stage ``stage``: virtual stage ``chunk * pp + stage``."""
+    per_chunk = config.num_layers // layout.virtual_stages
+    virtual = chunk * layout.pipeline_parallel + stage
+    layers = range(virtual * per_chunk, (virtual + 1) * per_chunk)
+    return _Stage(config, layout, batch_size, seq_len, dtype, fa, layers, recompute,
+                  embedding=virtual == 0, head=virtual == layout.virtual_stages - 1)
+
+
+def _plan(hw: HardwareSpec, config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int, dtype: str,
+          fa: dict, recompute: str | None) -> list[dict[pipeline.Pass, pipeline.PassTime]]:
+    """See :func:`pipeline_plan` (arguments checked)."""
+    from ..costs import OpSpec, op_cost
     from ..runtime import NPU as _NPU
 
-    pp, micro = layout.pipeline_parallel, layout.micro_batches
-    peer = layout.next_stage_rank()
-    scratch = _NPU(npu.hardware, npu.devices)  # one micro-batch of this stage, to time the others
-    model.forward(scratch)
-    forward_s = scratch.clock_s
-    model.backward(scratch, None)
-    backward_s = scratch.clock_s - forward_s
-    hop = _NPU(npu.hardware, npu.devices)
-    hop.send(model.boundary, peer)
-    hop_s = hop.clock_s  # one activation (or gradient) transfer between neighbouring stages
-    round_trip_s = (pp - 1) * (forward_s + backward_s) + 2 * (pp - 1) * hop_s
-    sent_s: list[float] = []
+    pp, chunks = layout.pipeline_parallel, layout.virtual_pipeline
+    last_virtual = layout.virtual_stages - 1
+    # time one micro-batch of each kind of chunk (with the embedding, with the head, neither)
+    timed: dict[tuple[bool, bool], tuple[float, float]] = {}
 
-    def forward(mb: int) -> None:
-        model.forward(npu, tag=f"mb{mb}.")
-        npu.send(model.boundary, peer, name=f"mb{mb}.send_activation")
-        sent_s.append(npu.clock_s)
+    def pass_s(stage: int, p: pipeline.Pass) -> float:
+        virtual = p.chunk * pp + stage
+        kind = (virtual == 0, virtual == last_virtual)
+        if kind not in timed:
+            scratch = _NPU(hw, layout.devices)
+            model = _chunk_model(config, layout, batch_size, seq_len, dtype, fa, recompute, stage, p.chunk)
+            model.forward(scratch)
+            forward_s = scratch.clock_s
+            model.backward(scratch, None)
+            timed[kind] = (forward_s, scratch.clock_s - forward_s)
+        return timed[kind][0 if p.kind == pipeline.FORWARD else 1]
 
-    def backward(mb: int) -> None:
-        npu.recv(model.boundary, peer, ready_s=sent_s[mb] + round_trip_s - hop_s, name=f"mb{mb}.recv_grad")
-        model.backward(npu, grads if mb == micro - 1 else None, tag=f"mb{mb}.")
+    boundary = _chunk_model(config, layout, batch_size, seq_len, dtype, fa, recompute, 0, 0).boundary
+    hops: dict[tuple[int, int], float] = {}
 
-    warmup = min(pp - 1, micro)
-    for mb in range(warmup):
-        forward(mb)
-    for i in range(micro - warmup):
-        forward(warmup + i)
-        backward(i)
-    for mb in range(micro - warmup, micro):
-        backward(mb)
+    def hop_s(src: int, dst: int) -> float:
+        key = (layout.stage_rank(src), layout.stage_rank(dst))
+        if key not in hops:
+            spec = OpSpec("Send", (boundary.shape,), boundary.dtype, (("peer", key[1]), ("rank", key[0])))
+            hops[key] = op_cost(spec, hw).duration_s
+        return hops[key]
+
+    return pipeline.simulate(pp, chunks, layout.micro_batches, pass_s, hop_s)
+
+
+def _run_pipeline(npu: NPU, config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int,
+                  dtype: str, fa: dict, recompute: str | None, grads: _GradReducer) -> None:
+    """Stage 0 of the pipeline, every stage scheduled (see :func:`training_step`)."""
+    pp, chunks, micro = layout.pipeline_parallel, layout.virtual_pipeline, layout.micro_batches
+    planned = _plan(npu.hardware, config, layout, batch_size, seq_len, dtype, fa, recompute)[0]
+    models = [_chunk_model(config, layout, batch_size, seq_len, dtype, fa, recompute, 0, c) for c in range(chunks)]
+    boundary = models[0].boundary  # what crosses between stages: the hidden states
+    next_rank, prev_rank = layout.stage_rank(1), layout.stage_rank(pp - 1)
+    done_s: dict[pipeline.Pass, float] = {}  # stage 0's passes: when their send was done, on npu's clock
+
+    def label(kind: str, p: pipeline.Pass) -> str:
+        return f"mb{p.micro_batch}.{kind}" if chunks == 1 else f"mb{p.micro_batch}.chunk{p.chunk}.{kind}"
+
+    def ready_s(p: pipeline.Pass, origin: pipeline.Pass) -> float:
+        """When the sender of ``p``'s input sends, from stage 0's ``origin`` that began its chain."""
+        return done_s[origin] + planned[p].ready_s - planned[origin].end_s
+
+    for p in pipeline.stage_order(0, pp, chunks, micro):
+        c, mb = p.chunk, p.micro_batch
+        model, tag, virtual = models[c], f"mb{mb}.", c * pp
+        if p.kind == pipeline.FORWARD:
+            received = None
+            if virtual > 0:  # the activations of the previous chunk, from the last stage
+                origin = pipeline.Pass(pipeline.FORWARD, c - 1, mb)
+                received = npu.recv(boundary, prev_rank, ready_s=ready_s(p, origin), name=label("recv_activation", p))
+            model.forward(npu, tag=tag, hidden=received)
+            del received
+            npu.send(boundary, next_rank, name=label("send_activation", p))
+        else:
+            origin = (pipeline.Pass(pipeline.FORWARD, c, mb) if c == chunks - 1
+                      else pipeline.Pass(pipeline.BACKWARD, c + 1, mb))
+            model.backward(npu, grads if mb == micro - 1 else None, tag=tag,
+                           dy=npu.recv(boundary, next_rank, ready_s=ready_s(p, origin), name=label("recv_grad", p)))
+            if virtual > 0:
+                npu.send(boundary, prev_rank, name=label("send_grad", p))
+        done_s[p] = npu.clock_s
 
 
 class _Stage:
-    """The layers rank 0 runs: all of them without pipelining, else pipeline stage 0."""
+    """One model chunk a card runs: ``layers`` (global indices), with the embedding in front when
+    ``embedding`` and the final norm, LM head and loss behind when ``head`` (without pipelining
+    one chunk holds them all)."""
 
     def __init__(self, config: LlamaConfig, layout: ParallelLayout, batch_size: int, seq_len: int, dtype: str,
-                 fa: dict) -> None:
-        t, pp = layout.tensor_parallel, layout.pipeline_parallel
-        self.config, self.dtype, self.fa = config, dtype, fa
-        self.layers = range(config.num_layers // pp)
-        self.has_head = pp == 1
+                 fa: dict, layers: range, recompute: str | None, *, embedding: bool = True,
+                 head: bool = True) -> None:
+        t = layout.tensor_parallel
+        self.config, self.dtype, self.fa, self.recompute = config, dtype, fa, recompute
+        self.layers = layers
+        self.has_embedding, self.has_head = embedding, head
         self.tp_ranks = layout.tp_ranks()
         self.tp_reduce = t > 1
+        self.sp = layout.sequence_sharded
         h, d = config.hidden_size, config.head_dim
         self.h, self.d = h, d
         self.heads, self.kv_heads = config.num_heads // t, config.num_kv_heads // t
@@ -316,7 +340,9 @@ class _Stage:
         self.qkv_width = (self.heads + 2 * self.kv_heads) * d
         w = self.w
         self.x = Tensor((self.tokens, h), dtype)
-        self.boundary = self.x  # what crosses to the next stage: the hidden states
+        # the hidden states outside the tensor-parallel regions: split along the sequence with SP
+        self.xs = Tensor((self.tokens // t, h), dtype) if self.sp else self.x
+        self.boundary = self.xs  # what crosses to the next stage: the hidden states
         self.norm_w = w(h)
         self.w_qkv, self.w_o = w(h, self.qkv_width), w(self.heads * d, h)
         self.w_gate_up, self.w_down = w(h, 2 * self.ffn), w(self.ffn, h)
@@ -327,48 +353,49 @@ class _Stage:
         self.act = Tensor((self.tokens, self.ffn), dtype)
         self.saved: dict[str, list[list[Tensor]]] = {}  # per micro-batch: each layer's saved tensors
         self.logits: dict[str, Tensor] = {}  # per micro-batch
+        self.layer_params = h * self.qkv_width + self.heads * d * h + 3 * h * self.ffn + 2 * h
+        self.zero3 = _Zero3(layout, dtype, self) if layout.zero_stage == 3 and layout.data_parallel > 1 else None
 
     def w(self, *shape: int) -> Tensor:
         return Tensor(shape, self.dtype)
 
-    def forward(self, npu: NPU, tag: str = "") -> None:
+    # -- forward ---------------------------------------------------------------------------------
+
+    def forward(self, npu: NPU, tag: str = "", hidden: Tensor | None = None) -> None:
         """Forward of one micro-batch (``tag`` names it); what backward needs is kept in
-        ``self.saved[tag]``, every other output is dropped at once (freed, with memory)."""
-        x, norm_w, tp_ranks, tp_reduce, fa = self.x, self.norm_w, self.tp_ranks, self.tp_reduce, self.fa
-        h, d, heads, kv_heads, tokens, dtype = self.h, self.d, self.heads, self.kv_heads, self.tokens, self.dtype
+        ``self.saved[tag]``, every other output is dropped at once (freed, with memory).
+        ``hidden``: a chunk without the embedding starts from these received hidden states."""
+        x, xs, norm_w, tp_ranks, tp_reduce = self.x, self.xs, self.norm_w, self.tp_ranks, self.tp_reduce
+        h, tokens, zero3 = self.h, self.tokens, self.zero3
         saved: list[list[Tensor]] = []
         self.saved[tag] = saved
-        hidden = npu.embedding(self.ids, self.table, name=f"{tag}embed_tokens")
-        if tp_reduce:
-            hidden = npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}embed_tokens.tp_allreduce")
+        if zero3 is not None:
+            zero3.start(forward=True)
+        if self.has_embedding:
+            params = zero3.gather(npu, tag) if zero3 is not None else None
+            hidden = npu.embedding(self.ids, self.table, name=f"{tag}embed_tokens")
+            if self.sp:
+                hidden = npu.reduce_scatter(x, ranks=tp_ranks, name=f"{tag}embed_tokens.sp_reduce_scatter")
+            elif tp_reduce:
+                hidden = npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}embed_tokens.tp_allreduce")
+            del params
+        elif hidden is None:
+            hidden = xs  # timed alone: the received hidden states are not on this card
         for layer in self.layers:
             p = f"{tag}layers.{layer}"
+            params = zero3.gather(npu, tag) if zero3 is not None else None
             keep = [hidden]  # the layer's input: the first norm's backward reads it
-            keep.append(npu.rms_norm(x, norm_w, name=f"{p}.input_layernorm"))
-            keep.append(npu.matmul(x, self.w_qkv, name=f"{p}.attn.qkv_proj"))
-            keep.append(npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary"))
-            keep.append(npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.attn.core", **fa))
-            out = npu.matmul(Tensor((tokens, heads * d), dtype), self.w_o, name=f"{p}.attn.o_proj")
-            if tp_reduce:
-                out = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.tp_allreduce")
-            keep.append(npu.add(x, x, name=f"{p}.attn.residual"))
-            del out
-            keep.append(npu.rms_norm(x, norm_w, name=f"{p}.post_attention_layernorm"))
-            act = self.act
-            keep.append(npu.matmul(x, self.w_gate_up, name=f"{p}.mlp.gate_up_proj"))
-            keep.append(npu.silu(act, name=f"{p}.mlp.act"))
-            keep.append(npu.mul(act, act, name=f"{p}.mlp.gate_mul"))
-            out = npu.matmul(act, self.w_down, name=f"{p}.mlp.down_proj")
-            if tp_reduce:
-                out = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.tp_allreduce")
-            hidden = npu.add(x, x, name=f"{p}.mlp.residual")
-            del out
+            hidden = self._layer(npu, p, keep if self.recompute != "full" else None)
+            del params
             saved.append(keep)
         if not self.has_head:
             return
-        saved.append([hidden, npu.rms_norm(x, norm_w, name=f"{tag}final_norm")])
+        params = zero3.gather(npu, tag) if zero3 is not None else None
+        saved.append([hidden, npu.rms_norm(xs, norm_w, name=f"{tag}final_norm")])
         del hidden
+        gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{tag}lm_head.sp_all_gather") if self.sp else None
         logits = npu.matmul(x, self.w(h, self.vocab), name=f"{tag}lm_head")
+        del gathered, params
         self.logits[tag] = logits
         npu.cross_entropy(logits, name=f"{tag}loss")
         if tp_reduce:
@@ -376,26 +403,82 @@ class _Stage:
             npu.all_reduce(row_stats, ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_max")
             npu.all_reduce(row_stats, ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_sum")
 
-    def backward(self, npu: NPU, grads: _GradReducer | None, tag: str = "") -> None:
+    def _layer(self, npu: NPU, p: str, keep: list[Tensor] | None) -> Tensor:
+        """One layer's forward ops, named ``p.*``; returns its output. The tensors its backward
+        reads go to ``keep``; with ``keep`` ``None`` (full recompute) none is saved and each
+        output is freed once the next op has run."""
+        x, xs, norm_w, tp_ranks, tp_reduce, fa = self.x, self.xs, self.norm_w, self.tp_ranks, self.tp_reduce, self.fa
+        d, heads, kv_heads, tokens, dtype, sp = self.d, self.heads, self.kv_heads, self.tokens, self.dtype, self.sp
+        held: list[Tensor] = []
+
+        def hold(out: Tensor) -> None:
+            held[:] = [out]  # the previous output goes once this one exists
+
+        save = keep.append if keep is not None else hold
+        save(npu.rms_norm(xs, norm_w, name=f"{p}.input_layernorm"))
+        gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.attn.sp_all_gather") if sp else None
+        save(npu.matmul(x, self.w_qkv, name=f"{p}.attn.qkv_proj"))
+        del gathered
+        save(npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary"))
+        save(npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.attn.core", **fa))
+        out = npu.matmul(Tensor((tokens, heads * d), dtype), self.w_o, name=f"{p}.attn.o_proj")
+        if sp:
+            out = npu.reduce_scatter(x, ranks=tp_ranks, name=f"{p}.attn.sp_reduce_scatter")
+        elif tp_reduce:
+            out = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.tp_allreduce")
+        save(npu.add(xs, xs, name=f"{p}.attn.residual"))
+        del out
+        save(npu.rms_norm(xs, norm_w, name=f"{p}.post_attention_layernorm"))
+        act = self.act
+        gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.mlp.sp_all_gather") if sp else None
+        save(npu.matmul(x, self.w_gate_up, name=f"{p}.mlp.gate_up_proj"))
+        del gathered
+        save(npu.silu(act, name=f"{p}.mlp.act"))
+        save(npu.mul(act, act, name=f"{p}.mlp.gate_mul"))
+        out = npu.matmul(act, self.w_down, name=f"{p}.mlp.down_proj")
+        if sp:
+            out = npu.reduce_scatter(x, ranks=tp_ranks, name=f"{p}.mlp.sp_reduce_scatter")
+        elif tp_reduce:
+            out = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.tp_allreduce")
+        hidden = npu.add(xs, xs, name=f"{p}.mlp.residual")
+        del out
+        return hidden
+
+    # -- backward --------------------------------------------------------------------------------
+
+    def backward(self, npu: NPU, grads: _GradReducer | None, tag: str = "", dy: Tensor | None = None) -> None:
         """Backward of one micro-batch; ``grads`` collects the gradients for the data-parallel
         reduction (the last micro-batch), ``None`` accumulates them locally. Each layer's saved
-        tensors are freed once its backward is done; each gradient once the next op used it."""
-        x, norm_w, tp_ranks, tp_reduce, fa = self.x, self.norm_w, self.tp_ranks, self.tp_reduce, self.fa
+        tensors are freed once its backward is done; each gradient once the next op used it.
+        ``dy``: a chunk without the head starts from this received gradient."""
+        x, xs, norm_w, tp_ranks, tp_reduce, fa = self.x, self.xs, self.norm_w, self.tp_ranks, self.tp_reduce, self.fa
         h, d, heads, kv_heads, tokens, dtype = self.h, self.d, self.heads, self.kv_heads, self.tokens, self.dtype
-        ffn, vocab, qkv_width, act = self.ffn, self.vocab, self.qkv_width, self.act
+        ffn, vocab, qkv_width, act, sp, zero3 = self.ffn, self.vocab, self.qkv_width, self.act, self.sp, self.zero3
         saved = self.saved.pop(tag, [])
+        if zero3 is not None:
+            zero3.start(forward=False)
         if self.has_head:
+            params = zero3.gather(npu, tag) if zero3 is not None else None
             logits = self.logits.pop(tag)
             dlogits = npu.cross_entropy_grad(logits, name=f"{tag}loss.grad")
             del logits
+            # with SP the head's input is gathered again for its weight gradient (Megatron's
+            # LinearWithGradAccumulationAndAsyncCommunication), beside the input-gradient GEMM,
+            # whose reduce-scatter then runs beside the weight-gradient GEMM
+            regather = npu.all_gather(xs, ranks=tp_ranks, async_op=True,
+                                      name=f"{tag}lm_head.sp_all_gather.grad") if sp else None
             dy = npu.matmul(dlogits, self.w(h, vocab), transpose_b=True, name=f"{tag}lm_head.grad_input")
+            scatter = self._scatter(npu, regather, dy, f"{tag}lm_head.grad_input.sp_reduce_scatter")
             npu.matmul(x, dlogits, transpose_a=True, name=f"{tag}lm_head.grad_weight")
-            del dlogits
+            del dlogits, params
             if grads is not None:
                 grads.add(h * vocab + h, "lm_head")  # LM head and final norm
-            if tp_reduce:
+            if sp:
+                dy = scatter.wait()
+                del regather
+            elif tp_reduce:
                 dy = npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}lm_head.grad_input.tp_allreduce")
-            dy = npu.rms_norm_grad(x, x, norm_w, name=f"{tag}final_norm.grad")
+            dy = npu.rms_norm_grad(xs, xs, norm_w, name=f"{tag}final_norm.grad")
             if saved:
                 saved.pop()  # the final norm's input and output
         qkv_grad = Tensor((tokens, qkv_width), dtype)
@@ -403,40 +486,115 @@ class _Stage:
         attn_out = Tensor((tokens, heads * d), dtype)
         for layer in reversed(self.layers):
             p = f"{tag}layers.{layer}"
+            params = zero3.gather(npu, tag) if zero3 is not None else None
+            recomputed = None
+            if self.recompute == "full":  # the layer's forward again, from its saved input
+                recomputed = []
+                self._layer(npu, f"{p}.recompute", recomputed)
+            # with SP the output gradient arrives split along the sequence: gathered first
+            full = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.mlp.grad_sp_all_gather") if sp else None
             g = npu.matmul(x, self.w_down, transpose_b=True, name=f"{p}.mlp.down_proj.grad_input")
             npu.matmul(act, x, transpose_a=True, name=f"{p}.mlp.down_proj.grad_weight")
+            del full
             g_gate = npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_gate")
             g_up = npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_up")
             del g
             g_gate = npu.silu_grad(act, act, name=f"{p}.mlp.act.grad")
+            regather = npu.all_gather(xs, ranks=tp_ranks, async_op=True,
+                                      name=f"{p}.mlp.gate_up_proj.sp_all_gather.grad") if sp else None
             g = npu.matmul(gate_up_grad, self.w_gate_up, transpose_b=True, name=f"{p}.mlp.gate_up_proj.grad_input")
+            scatter = self._scatter(npu, regather, g, f"{p}.mlp.grad_sp_reduce_scatter")
             npu.matmul(x, gate_up_grad, transpose_a=True, name=f"{p}.mlp.gate_up_proj.grad_weight")
             del g_gate, g_up
-            if tp_reduce:
+            if sp:
+                g = scatter.wait()
+                del regather, scatter
+            elif tp_reduce:
                 g = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.grad_tp_allreduce")
-            g = npu.rms_norm_grad(x, x, norm_w, name=f"{p}.post_attention_layernorm.grad")
-            dy = npu.add(x, x, name=f"{p}.mlp.residual.grad")
+            g = npu.rms_norm_grad(xs, xs, norm_w, name=f"{p}.post_attention_layernorm.grad")
+            dy = npu.add(xs, xs, name=f"{p}.mlp.residual.grad")
+            full = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.attn.grad_sp_all_gather") if sp else None
             g = npu.matmul(x, self.w_o, transpose_b=True, name=f"{p}.attn.o_proj.grad_input")
             npu.matmul(attn_out, x, transpose_a=True, name=f"{p}.attn.o_proj.grad_weight")
+            del full
+            core_out = (npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.recompute.attn.core", **fa)
+                        if self.recompute == "selective" else None)
             dq_dk_dv = npu.flash_attention_grad(self.q, self.kv, self.kv, self.q, name=f"{p}.attn.core.grad", **fa)
-            del g
+            del g, core_out
             g = npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
             del dq_dk_dv
+            regather = npu.all_gather(xs, ranks=tp_ranks, async_op=True,
+                                      name=f"{p}.attn.qkv_proj.sp_all_gather.grad") if sp else None
             g = npu.matmul(qkv_grad, self.w_qkv, transpose_b=True, name=f"{p}.attn.qkv_proj.grad_input")
+            scatter = self._scatter(npu, regather, g, f"{p}.attn.grad_sp_reduce_scatter")
             npu.matmul(x, qkv_grad, transpose_a=True, name=f"{p}.attn.qkv_proj.grad_weight")
-            if tp_reduce:
+            if sp:
+                g = scatter.wait()
+                del regather, scatter
+            elif tp_reduce:
                 g = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.grad_tp_allreduce")
-            g = npu.rms_norm_grad(x, x, norm_w, name=f"{p}.input_layernorm.grad")
-            dy = npu.add(x, x, name=f"{p}.attn.residual.grad")
-            del g
+            g = npu.rms_norm_grad(xs, xs, norm_w, name=f"{p}.input_layernorm.grad")
+            dy = npu.add(xs, xs, name=f"{p}.attn.residual.grad")
+            del g, recomputed, params
             if saved:
                 saved.pop()  # this layer's activations go back to the allocator
             if grads is not None:
-                grads.add(h * qkv_width + heads * d * h + 3 * h * ffn + 2 * h, p)
+                grads.add(self.layer_params, p)
+        if not self.has_embedding:
+            return
+        params = zero3.gather(npu, tag) if zero3 is not None else None
+        gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{tag}embed_tokens.grad_sp_all_gather") if sp else None
         npu.embedding_grad(x, self.ids, self.table, name=f"{tag}embed_tokens.grad")
-        del dy
+        del dy, gathered, params
         if grads is not None:
             grads.add(vocab * h, "embed_tokens")
+
+    def _scatter(self, npu: NPU, regather, g: Tensor, name: str):
+        """With SP, once the input is gathered again for the weight gradient: reduce-scatter the
+        input gradient ``g`` beside that GEMM (the pending work); without SP, ``None``."""
+        if regather is None:
+            return None
+        regather.wait()
+        return npu.reduce_scatter(g, ranks=self.tp_ranks, async_op=True, name=name)
+
+
+class _Zero3:
+    """ZeRO-3's parameter gathers for one chunk: before each module's forward and again before
+    its backward, the module's parameters are all-gathered over data parallelism, the next
+    module's gather issued as soon as this one's is done (DeepSpeed's prefetch, FSDP's forward
+    and backward prefetch), so one gather runs beside each module's compute and two modules'
+    full parameters are on the card at a time."""
+
+    def __init__(self, layout: ParallelLayout, dtype: str, stage: _Stage) -> None:
+        self.dp_ranks, self.dp, self.dtype = layout.dp_ranks(), layout.data_parallel, dtype
+        modules = ([("embed_tokens", stage.vocab * stage.h)] if stage.has_embedding else []) + [
+            (f"layers.{layer}", stage.layer_params) for layer in stage.layers]
+        if stage.has_head:
+            modules.append(("lm_head", stage.h * stage.vocab + stage.h))
+        self.modules = modules
+        self.order: list[tuple[str, int]] = []
+        self.next = 0
+        self.pending = None
+
+    def start(self, forward: bool) -> None:
+        """A forward (modules in order) or a backward (in reverse) begins."""
+        self.order = self.modules if forward else self.modules[::-1]
+        self.next, self.pending = 0, None
+
+    def _issue(self, npu: NPU, tag: str, async_op: bool):
+        name, params = self.order[self.next]
+        self.next += 1
+        shard = Tensor((-(-params // self.dp),), self.dtype)
+        return npu.all_gather(shard, ranks=self.dp_ranks, async_op=async_op, name=f"{tag}{name}.params.dp_all_gather")
+
+    def gather(self, npu: NPU, tag: str) -> Tensor:
+        """The next module's full parameters (held while it runs); the one after is prefetched."""
+        if self.pending is None:
+            full = self._issue(npu, tag, async_op=False)
+        else:
+            full = self.pending.wait()
+        self.pending = self._issue(npu, tag, async_op=True) if self.next < len(self.order) else None
+        return full
 
 
 class _GradReducer:
@@ -448,11 +606,14 @@ class _GradReducer:
         self.total_params = 0
         self.works: list = []
         self.names: list[str] = []
+        self.counted: set[str] = set()  # parameters counted once, whatever the micro-batches
 
     def add(self, params: int, name: str) -> None:
         """Gradients of ``params`` local parameters are ready (backward order)."""
         self.pending += params
-        self.total_params += params
+        if name not in self.counted:
+            self.counted.add(name)
+            self.total_params += params
         self.names.append(name)
         if self.bucket_params is not None and self.pending >= self.bucket_params:
             self._reduce(async_op=True)
@@ -472,8 +633,16 @@ class _GradReducer:
             work = self.npu.all_reduce(bucket, ranks=self.layout.dp_ranks(), async_op=async_op,
                                        name=f"grads.dp_allreduce[{label}]")
         if async_op:
+            if self.layout.zero_stage >= 2:  # added into the card's gradient shard in place: no new tensor
+                self.npu.free(work.result)
             self.works.append(work)
         self.pending, self.names = 0, []
+
+    def flush(self) -> None:
+        """A micro-batch's backward is done and its gradients cannot wait (ZeRO-2 and 3 keep no
+        full gradient): reduce what is left of them, beside the next micro-batch when buckets
+        overlap backward, else at once."""
+        self._reduce(async_op=self.bucket_params is not None)
 
     def finish(self) -> None:
         """Reduce what is left, then wait for every bucket (the optimizer needs them all)."""

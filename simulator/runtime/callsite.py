@@ -31,7 +31,7 @@ _INTERPRETER_DIRS = tuple({os.path.normcase(os.path.abspath(p)) + os.sep for p i
 
 
 @functools.cache
-def _frame_kind(filename: str) -> str:
+def frame_kind(filename: str) -> str:
     """Whose code a frame of ``filename`` runs, decided once per file: ``"runtime"`` (a module
     of this package), ``"library"`` (the rest of the simulator, the pytest plugin),
     ``"interpreter"`` (standard library, site-packages, frozen modules) or ``"user"``."""
@@ -53,16 +53,16 @@ def call_site() -> str | None:
     script), the builder's line alone. Only the runtime's own functions call it: the walk
     starts at their caller."""
     frame = sys._getframe(2)
-    while frame is not None and _frame_kind(frame.f_code.co_filename) == "runtime":
+    while frame is not None and frame_kind(frame.f_code.co_filename) == "runtime":
         frame = frame.f_back
     if frame is None:
         return None
     site = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-    if _frame_kind(frame.f_code.co_filename) != "library":
+    if frame_kind(frame.f_code.co_filename) != "library":
         return site
     user = frame.f_back
-    while user is not None and _frame_kind(user.f_code.co_filename) in ("library", "runtime"):
+    while user is not None and frame_kind(user.f_code.co_filename) in ("library", "runtime"):
         user = user.f_back
-    if user is None or _frame_kind(user.f_code.co_filename) == "interpreter":
+    if user is None or frame_kind(user.f_code.co_filename) == "interpreter":
         return site
     return f"{user.f_code.co_filename}:{user.f_lineno} (in {site})"

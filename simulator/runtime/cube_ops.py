@@ -13,6 +13,11 @@ from ..hardware import HardwareSpec
 from .tensor import ShapeError, Tensor, check_tensors, check_window, compute
 
 
+#: The fused attention kernel's tiling when the caller gives none (NPU.flash_attention's
+#: defaults, and a captured PyTorch attention's): query blocks of 128 rows, 2 blocks in flight.
+FLASH_ATTENTION_DEFAULTS = {"block_size": 128, "pipeline_stages": 2}
+
+
 class CubeOps:
     """The Cube unit's operators of :class:`~simulator.runtime.NPU`."""
 
@@ -76,8 +81,8 @@ class CubeOps:
         k: Tensor,
         v: Tensor,
         *,
-        block_size: int = 128,
-        pipeline_stages: int = 2,
+        block_size: int = FLASH_ATTENTION_DEFAULTS["block_size"],
+        pipeline_stages: int = FLASH_ATTENTION_DEFAULTS["pipeline_stages"],
         fusion: bool = True,
         causal: bool = False,
         name: str | None = None,
@@ -110,8 +115,8 @@ class CubeOps:
         v: Tensor,
         dout: Tensor,
         *,
-        block_size: int = 128,
-        pipeline_stages: int = 2,
+        block_size: int = FLASH_ATTENTION_DEFAULTS["block_size"],
+        pipeline_stages: int = FLASH_ATTENTION_DEFAULTS["pipeline_stages"],
         fusion: bool = True,
         causal: bool = False,
         name: str | None = None,

@@ -139,10 +139,11 @@ class MemoryTracker:
 
     # -- tensors -------------------------------------------------------------------------------
 
-    def allocate(self, tensor: Tensor, charge_last: bool = True) -> Tensor:
+    def allocate(self, tensor: Tensor, charge_last: bool = True, source: str | None = None) -> Tensor:
         """Give ``tensor`` device memory; free it when the object goes away. A device-visible
         stall (a device malloc, or a failed allocation's synchronise, cache flush and retry)
-        lengthens the op that produced the tensor (``charge_last``) or the next op.
+        lengthens the op that produced the tensor (``charge_last``) or the next op. ``source``:
+        the user's line that made a tensor no op produced (default: found on the stack).
 
         Without memory modelling the tensor's bytes count in the live total until it goes.
 
@@ -162,7 +163,7 @@ class MemoryTracker:
         handle, event = self.allocator.alloc(tensor.nbytes)
         producer = tensor.producer_index
         if producer is None:
-            self.note(event, "tensor", call_site())
+            self.note(event, "tensor", source or call_site())
         else:
             self.note(event, "output", producer)
         held = _HeldMemory(tensor, self._release_callback, handle)

@@ -31,7 +31,7 @@ from .hccl_ops import HcclOps
 from .memory import MemoryTracker
 from .record import check_op_time_scale, make_record
 from .tensor import ShapeError, Tensor, check_dtype, check_shape, check_tensors, op_checks
-from .timeline import COMPUTE, HCCL, Timeline
+from .timeline import COMPUTE, HCCL, Timeline, Work
 from .vector_ops import VectorOps
 
 
@@ -106,13 +106,15 @@ class NPU(CubeOps, VectorOps, HcclOps):
         async_op: bool = False,
         checks: OpChecks | None = None,
         peer_ready_s: float | None = None,
+        source: str | None = None,
     ) -> int:
         """Run one op whose arguments are checked: cost it, place it on its stream, record it,
         and give its outputs and its kernel's workspace device memory. Every operator method
         ends here; a front end that captured a program emits its ops the same way.
 
         Args:
-            op_type: a key of :data:`simulator.costs.COST_MODELS`.
+            op_type: a key of :data:`simulator.costs.COST_MODELS`, or ``aten::<name>`` for a
+                captured PyTorch operator no mapping knows (:func:`simulator.costs.generic_cost`).
             inputs: the tensors the cost model reads (their shapes), in its order.
             dtype: the dtype the op computes in.
             name: the op's name in its record (default: ``op_type``).
@@ -127,6 +129,9 @@ class NPU(CubeOps, VectorOps, HcclOps):
             async_op: a collective the compute stream does not wait for.
             checks: what the computed values showed (ops on tensors with data).
             peer_ready_s: a receive: when the peer sends, on this card's clock.
+            source: the ``file:line`` of the user's code that issued the op (default: found
+                by walking the stack, :func:`~simulator.runtime.callsite.call_site`; a front
+                end that knows it better, as the PyTorch capture does, passes it).
 
         Returns:
             The index of the op's record.
@@ -164,7 +169,7 @@ class NPU(CubeOps, VectorOps, HcclOps):
             scale=self._scale.get(op_type, 1.0) * (timeline.own_factor if not hccl else 1.0),
             stall_s=memory.pending_stall_s, alloc_count=memory.pending_allocs,
             alloc_retries=memory.pending_retries, device_frees=memory.pending_device_frees,
-            device_mallocs=memory.pending_device_mallocs, source=call_site(),
+            device_mallocs=memory.pending_device_mallocs, source=source or call_site(),
             wait_s=timeline.collective_wait_s(group, start_s, peer_ready_s) if hccl else 0.0, checks=checks,
         )
         memory.pending_stall_s = 0.0
@@ -399,6 +404,21 @@ class NPU(CubeOps, VectorOps, HcclOps):
                 tensor.__dict__["data"] = None
         return dst
 
+    def hold(self, tensor: Tensor, source: str | None = None) -> Tensor:
+        """Give ``tensor``, made by a front end rather than an operator (a captured PyTorch
+        storage), device memory now, as :meth:`tensor` does; ``source`` is the user's line that
+        made it. A stall it causes is charged to the next op.
+
+        Raises:
+            OutOfMemoryError: as :meth:`tensor`.
+        """
+        return self._device_memory.allocate(tensor, charge_last=False, source=source)
+
+    def next_step(self) -> None:
+        """Close the open step and start the next (a front end running steps itself; :func:`run`
+        does this between the workload's calls)."""
+        self._next_step()
+
     def free(self, tensor: Tensor) -> None:
         """Give ``tensor``'s memory back to the caching allocator now (as ``del`` does when the
         last reference goes; without memory modelling its bytes leave the live total). An op
@@ -406,6 +426,19 @@ class NPU(CubeOps, VectorOps, HcclOps):
         self._device_memory.free(tensor)
 
     # -- streams -------------------------------------------------------------------------------
+
+    def work(self, index: int) -> Work:
+        """The :class:`~simulator.runtime.Work` of the asynchronous collective just emitted as
+        record ``index`` (``emit(..., stream="hccl", async_op=True)``): its ``wait()`` makes
+        the compute stream wait for it, as the collectives of :mod:`~simulator.runtime.hccl_ops`
+        return. Only right after that emit (its end is the HCCL stream's clock).
+
+        Raises:
+            ValueError: record ``index`` is not the last collective emitted.
+        """
+        if index != self._timeline.last_hccl:
+            raise ValueError(f"work: record {index} is not the last collective emitted")
+        return Work(self._timeline, index, self._timeline.hccl_clock_s, None)
 
     def synchronize(self) -> None:
         """Block the compute stream until every collective issued so far is done."""

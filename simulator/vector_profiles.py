@@ -1,0 +1,152 @@
+"""The Vector unit's operators as the cost models see them: how much each reads and writes per
+element and which instructions it runs (:data:`VECTOR_PROFILES`), for
+:func:`simulator.costs.vector_cost`; and how an operator no mapping knows is charged
+(:data:`GENERIC_OP_PREFIX`, :func:`simulator.costs.generic_cost`).
+
+Instruction counts are the operators' arithmetic, not hardware figures: the cycles each
+instruction class takes are in the hardware file (``vector_unit.cycles_per_op_class``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class VectorProfile:
+    """How a Vector unit operator touches memory and which instructions it runs.
+
+    ``read_elements`` / ``write_elements`` are multiples of the first input's element count;
+    ``op_classes`` counts instruction classes per element; ``compute_dtype`` is the dtype the
+    Vector unit computes in.
+    """
+
+    read_elements: float
+    write_elements: float
+    op_classes: dict[str, float]
+    compute_dtype: str | None = None
+
+
+#: Per-op instruction mixes. Counts of instruction classes per element, from the operators'
+#: arithmetic (e.g. RmsNorm: square, reduce, scale by rsqrt, multiply by weight).
+VECTOR_PROFILES: dict[str, VectorProfile] = {
+    "Add": VectorProfile(2, 1, {"add": 1}),
+    "Mul": VectorProfile(2, 1, {"mul": 1}),
+    "Cast": VectorProfile(1, 1, {"cast": 1}),
+    "SiLU": VectorProfile(1, 1, {"exp": 1, "add": 1, "div": 1, "mul": 1}, "fp32"),
+    "SiLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 2, "div": 1, "mul": 3}, "fp32"),
+    "GeLU": VectorProfile(1, 1, {"exp": 1, "add": 2, "div": 1, "mul": 4}, "fp32"),
+    "GeLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 3, "div": 1, "mul": 6}, "fp32"),
+    "Softmax": VectorProfile(1, 1, {"max": 1, "add": 1, "exp": 1, "reduce": 1, "div": 1}, "fp32"),
+    "SoftmaxGrad": VectorProfile(2, 1, {"mul": 2, "reduce": 1, "add": 1}, "fp32"),
+    "RmsNorm": VectorProfile(1, 1, {"mul": 3, "reduce": 1}, "fp32"),
+    "RmsNormGrad": VectorProfile(2, 1, {"mul": 6, "reduce": 2, "add": 2}, "fp32"),
+    "LayerNorm": VectorProfile(1, 1, {"add": 3, "mul": 3, "reduce": 2}, "fp32"),
+    "LayerNormGrad": VectorProfile(2, 1, {"add": 4, "mul": 7, "reduce": 3}, "fp32"),
+    "RotaryPositionEmbedding": VectorProfile(1, 1, {"mul": 2, "add": 1}, "fp32"),
+    # Cross entropy over logits: softmax then pick the label; grad rewrites the logits.
+    "CrossEntropy": VectorProfile(1, 0, {"max": 1, "add": 1, "exp": 1, "reduce": 2}, "fp32"),
+    "CrossEntropyGrad": VectorProfile(1, 1, {"exp": 1, "div": 1, "add": 1}, "fp32"),
+    # AdamW on fp32 master weights: reads param, grad, m, v; writes param, m, v and the fp16
+    # copy. Elements counted in fp32 words.
+    "ApplyAdamW": VectorProfile(4, 3.5, {"mul": 7, "add": 4, "sqrt": 1, "div": 1}, "fp32"),
+    # SGD with momentum (ApplyMomentum): reads param, accum, grad; writes param, accum.
+    "ApplyMomentum": VectorProfile(3, 2, {"mul": 2, "add": 2}, "fp32"),
+    # Training batch norm as CANN splits it: BNTrainingReduce reads x for the sum and sum of
+    # squares, BNTrainingUpdate reads x again and writes y. The gradient reads dy and x for
+    # the two reductions, then dy and x again to write dx.
+    "BatchNorm": VectorProfile(2, 1, {"mul": 3, "add": 3, "reduce": 2}, "fp32"),
+    "BatchNormGrad": VectorProfile(4, 1, {"mul": 5, "add": 4, "reduce": 2}, "fp32"),
+    "Relu": VectorProfile(1, 1, {"max": 1}),
+    # Graph-mode fusion as MindSpore's Ascend backend does it (its UB fusion passes
+    # ConvBnReduceFusionPass, BnupdateEltwiseFusionPass, BnupdateEltwiseEltwiseFusionPass,
+    # DereluFusion): the convolution's epilogue computes the batch-norm sums, so
+    # BNTrainingUpdate, fused with the ReLU (and the residual Add) after it, reads y once and
+    # writes it once; backward, the ReLU gradient (from a 1-bit mask, ReluGradV2) folds into
+    # the batch-norm gradient's two passes over dy and x.
+    "BatchNormRelu": VectorProfile(1, 1, {"mul": 2, "add": 2, "max": 1}, "fp32"),
+    "BatchNormUpdate": VectorProfile(1, 1, {"mul": 2, "add": 2}, "fp32"),
+    "BatchNormAddRelu": VectorProfile(2, 1, {"mul": 2, "add": 3, "max": 1}, "fp32"),
+    "BatchNormReluGrad": VectorProfile(4, 1, {"mul": 5, "add": 4, "reduce": 2, "max": 1}, "fp32"),
+    "ReluGrad": VectorProfile(2, 1, {"max": 1}),
+    # Pooling, counted per input element: a 3x3 stride-2 max pool reads each input about
+    # 9/4 times through its overlapping windows and writes a quarter of it.
+    "MaxPool": VectorProfile(1, 0.25, {"max": 2.25}),
+    "MaxPoolGrad": VectorProfile(1.25, 1, {"max": 2.25, "add": 1}),
+    "GlobalAvgPool": VectorProfile(1, 0, {"add": 1}, "fp32"),
+    "GlobalAvgPoolGrad": VectorProfile(0, 1, {"mul": 1}, "fp32"),
+    # Element-wise and row-wise operators of eager PyTorch code (captured by simulator.capture),
+    # under CANN's op type names. Counts per element as above; a captured op gives its bytes
+    # read and written explicitly (see vector_cost), so broadcasting and reductions cost the
+    # bytes they move, and only the instruction mix comes from here.
+    "Sub": VectorProfile(2, 1, {"add": 1}),
+    "RealDiv": VectorProfile(2, 1, {"div": 1}),
+    "Neg": VectorProfile(1, 1, {"mul": 1}),
+    "Abs": VectorProfile(1, 1, {"max": 1}),
+    "Pow": VectorProfile(1, 1, {"exp": 1, "mul": 1}, "fp32"),
+    "Square": VectorProfile(1, 1, {"mul": 1}),
+    "Sqrt": VectorProfile(1, 1, {"sqrt": 1}, "fp32"),
+    "Rsqrt": VectorProfile(1, 1, {"sqrt": 1, "div": 1}, "fp32"),
+    "Reciprocal": VectorProfile(1, 1, {"div": 1}, "fp32"),
+    "Exp": VectorProfile(1, 1, {"exp": 1}, "fp32"),
+    "Log": VectorProfile(1, 1, {"exp": 1}, "fp32"),
+    "Sin": VectorProfile(1, 1, {"exp": 1, "mul": 2}, "fp32"),
+    "Cos": VectorProfile(1, 1, {"exp": 1, "mul": 2}, "fp32"),
+    "Tanh": VectorProfile(1, 1, {"exp": 1, "add": 2, "div": 1}, "fp32"),
+    "Sigmoid": VectorProfile(1, 1, {"exp": 1, "add": 1, "div": 1}, "fp32"),
+    "Maximum": VectorProfile(2, 1, {"max": 1}),
+    "Minimum": VectorProfile(2, 1, {"max": 1}),
+    "Less": VectorProfile(2, 1, {"max": 1}),
+    "SelectV2": VectorProfile(3, 1, {"max": 1}),
+    "LogSoftmax": VectorProfile(1, 1, {"max": 1, "add": 2, "exp": 2, "reduce": 1}, "fp32"),
+    "LogSoftmaxGrad": VectorProfile(2, 1, {"exp": 1, "mul": 1, "reduce": 1, "add": 1}, "fp32"),
+    "NLLLoss": VectorProfile(1, 0, {"add": 1}, "fp32"),
+    "NLLLossGrad": VectorProfile(0, 1, {"mul": 1}, "fp32"),
+    "ReduceSum": VectorProfile(1, 0, {"reduce": 1}, "fp32"),
+    "ReduceMean": VectorProfile(1, 0, {"reduce": 1, "mul": 1}, "fp32"),
+    "ReduceMax": VectorProfile(1, 0, {"max": 1}),
+    # data movement: a fill writes, a transpose / concat / slice / pad / broadcast copy reads and
+    # writes each element once (CANN's Fill, Transpose, ConcatD, StridedSlice, PadV3, BroadcastTo)
+    "Fill": VectorProfile(0, 1, {}),
+    "Transpose": VectorProfile(1, 1, {}),
+    "ConcatD": VectorProfile(1, 1, {}),
+    "StridedSlice": VectorProfile(1, 1, {}),
+    "PadV3": VectorProfile(1, 1, {}),
+    "BroadcastTo": VectorProfile(1, 1, {}),
+    "SplitV": VectorProfile(1, 1, {}),
+    # a k x k average pool: each output sums its window (explicit bytes give the traffic)
+    "AvgPool": VectorProfile(1, 0.25, {"add": 2.25}),
+    "AvgPoolGrad": VectorProfile(0.25, 1, {"add": 2.25, "mul": 1}),
+    # random numbers: a counter-based generator (Philox 4x32: 10 rounds of a 32-bit multiply and
+    # adds, amortised over its 4 outputs) per element, then the transform: Box-Muller for a
+    # normal draw, a compare for a dropout mask, a multiply by the mask and the scale to apply it
+    "RandomUniform": VectorProfile(0, 1, {"mul": 3, "add": 3}),
+    "RandomNormal": VectorProfile(0, 1, {"mul": 5, "add": 3, "exp": 1, "sqrt": 1}),
+    "DropOutGenMask": VectorProfile(0, 1, {"mul": 3, "add": 3, "max": 1}),
+    "DropOutDoMask": VectorProfile(2, 1, {"mul": 2}),
+    # a sequence written from its start and step (torch.arange)
+    "Range": VectorProfile(0, 1, {"add": 1}),
+    # multi-tensor kernels of torch's foreach optimizers (torch_npu's Foreach* ops), per element
+    # of all the tensors of the list
+    "ForeachAdd": VectorProfile(2, 1, {"add": 1}),
+    "ForeachSub": VectorProfile(2, 1, {"add": 1}),
+    "ForeachMul": VectorProfile(2, 1, {"mul": 1}),
+    "ForeachDiv": VectorProfile(2, 1, {"div": 1}),
+    "ForeachLerp": VectorProfile(2, 1, {"add": 2, "mul": 1}),
+    "ForeachAddcmul": VectorProfile(3, 1, {"add": 1, "mul": 2}),
+    "ForeachAddcdiv": VectorProfile(3, 1, {"add": 1, "mul": 1, "div": 1}),
+    "ForeachSqrt": VectorProfile(1, 1, {"sqrt": 1}, "fp32"),
+    "ForeachNeg": VectorProfile(1, 1, {"mul": 1}),
+    "ForeachMaximum": VectorProfile(2, 1, {"max": 1}),
+    "ForeachNorm": VectorProfile(1, 0, {"mul": 1, "reduce": 1}, "fp32"),
+    "ForeachZero": VectorProfile(0, 1, {}),
+    "ForeachCopy": VectorProfile(1, 1, {}),
+}
+
+#: Op types of PyTorch operators no mapping knows (``aten::<name>``, as torch's profiler names
+#: them) are costed by :func:`generic_cost` from the bytes they move: recorded under their own
+#: name, never dropped.
+GENERIC_OP_PREFIX = "aten::"
+#: The instruction mix a generic op is charged per element of its largest tensor: one simple
+#: Vector instruction (an element-wise op), the least an operator that touches an element does.
+GENERIC_OP_CLASSES = {"add": 1.0}

@@ -1,0 +1,249 @@
+"""``oam validate --profile``: every kernel of a real profile re-costed on the simulated NPU
+(issue 23). Real data: the LLM training step of
+tests/data/realdata/ascend-msinsight-llm-pp2dp2-level2-rank0 (SOURCES.md, entry 10a)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_oam.cli import main
+from pytest_oam.kernel_replay import NotReplayable, kernel_spec, parse_shapes, replay_profile
+from simulator.costs import OpSpec, op_cost
+from simulator.hardware import load_hardware
+
+DATA = Path(__file__).parent / "data" / "realdata"
+LLM = DATA / "ascend-msinsight-llm-pp2dp2-level2-rank0"
+LLM_CSV = LLM / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"
+LEVEL0 = DATA / "ascend-msinsight-alexnet2p-level0-rank0"
+#: The columns a small hand-made kernel_details.csv needs (Level2 names).
+HEADER = ("Step Id,Name,Type,Accelerator Core,Start Time(us),Duration(us),Block Dim,Mix Block Dim,"
+          "Input Shapes,Input Data Types,Output Shapes,Output Data Types\n")
+
+
+def llm_rows() -> list[dict[str, str]]:
+    with LLM_CSV.open(encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def replayed() -> tuple[int, dict, str]:
+    """``oam validate --profile LLM --format json`` run once for the module: exit code, JSON, stderr."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["validate", "--profile", str(LLM), "--format", "json"])
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+def test_every_kernel_is_replayed_or_counted_and_named(replayed) -> None:
+    code, data, err = replayed
+    assert err == ""
+    assert {"kernels", "median_abs_error_frac", "by_op_type", "unmapped"} <= set(data)  # fixed keys (issue 23)
+    assert data["kernels_in_profile"] == 2463  # SOURCES.md: 2,463 device tasks
+    # never silently skipped: the replayed and the named ones add up to every row
+    assert data["kernels"] + sum(u["count"] for u in data["unmapped"]) == 2463
+    assert sum(f["count"] for f in data["by_op_type"].values()) == data["kernels"]
+    for fit in data["by_op_type"].values():
+        assert {"count", "median_abs_error_frac", "measured_s", "simulated_s"} <= set(fit)
+    # MatMul: the 56 MatMulV2 and 280 MatMulV3 kernels; FlashAttentionScore and its Grad: 28 each
+    assert data["by_op_type"]["MatMul"]["count"] == 56 + 280
+    assert data["by_op_type"]["FlashAttention"]["count"] == data["by_op_type"]["FlashAttentionGrad"]["count"] == 28
+    measured_s = sum(float(r["Duration(us)"]) for r in llm_rows() if r["Type"] in ("MatMulV2", "MatMulV3")) * 1e-6
+    assert data["by_op_type"]["MatMul"]["measured_s"] == pytest.approx(measured_s, rel=1e-9)
+    unmapped = {u["kernel_type"]: u for u in data["unmapped"]}
+    assert unmapped["SwiGlu"]["count"] == 28 and unmapped["SwiGlu"]["names"] == ["SwiGlu"]
+    assert "SiLU" in unmapped["SwiGlu"]["reason"]
+    assert unmapped["hcom_allReduce_"]["count"] == 7 and "HCCL" in unmapped["hcom_allReduce_"]["reason"]
+    # exit 1 exactly when the median is above the default 15%
+    assert code == (1 if data["median_abs_error_frac"] > 0.15 else 0)
+
+
+def test_the_exit_code_follows_max_error(replayed, capsys) -> None:
+    median = replayed[1]["median_abs_error_frac"]
+    assert main(["validate", "--profile", str(LLM_CSV), "--max-error", f"{median * 0.9:.6f}"]) == 1
+    assert main(["validate", "--profile", str(LLM_CSV), "--max-error", f"{median * 1.1:.6f}"]) == 0
+    out = capsys.readouterr().out
+    assert "median |error| per kernel" in out and "FAILED" in out and "pass" in out
+
+
+def test_the_hardware_is_inferred_from_block_dims_and_cycles(replayed) -> None:
+    check = replayed[1]["hardware_check"]
+    # every Cube kernel has Block Dim 20, every full-width Vector kernel 40; msprof counted
+    # aic_total_cycles / aicore_time(us) / Block Dim = 1650 cycles per us in every row
+    assert (check["ai_cores_used"], check["vector_cores_used"]) == (20, 40)
+    assert check["clock_hz"] == pytest.approx(1.65e9, rel=1e-3)
+    # the closest bundled spec: ascend910b (24 + 48 cores, |24-20| + |48-40| = 12) before
+    # ascend910 (32 + 32, 12 + 8 = 20); it is not the same bin (the 910B2's 1800 MHz)
+    assert check["spec"] == replayed[1]["hardware"] == "ascend910b" and check["matches"] is False
+
+
+def test_the_alexnet_profile_ran_on_the_bundled_910b2(capsys) -> None:
+    """The AlexNet Level1 profile: 11 of its 23 Cube kernels use 24 blocks and 58 of its 162
+    Vector kernels 48 (one launches 256 blocks: more than there are cores, so not a core count);
+    msprof counted 1800 cycles per us: the bundled ascend910b (910B2: 24, 48, 1800 MHz)."""
+    report = replay_profile(DATA / "ascend-msinsight-alexnet2p-level1-rank0", None)
+    check = report.hardware_check
+    assert (check.ai_cores_used, check.vector_cores_used, check.spec) == (24, 48, "ascend910b")
+    assert check.clock_hz == pytest.approx(1.8e9, rel=1e-3) and check.matches is True
+
+
+def test_text_report(capsys) -> None:
+    main(["validate", "--profile", str(LLM)])
+    out = capsys.readouterr().out
+    assert "2,463 device kernels re-costed on ascend910b" in out
+    assert "hardware: the kernels fill 20 AI Cores and 40 Vector cores at 1650 MHz" in out
+    (matmul,) = [line for line in out.splitlines() if line.startswith("MatMul ")]
+    assert matmul.split()[1] == "336"
+    assert "not re-costed:" in out and any(line.startswith("SwiGlu ") for line in out.splitlines())
+
+
+def row(name: str) -> dict[str, str]:
+    return next(r for r in llm_rows() if r["Name"] == name and r["Input Shapes"] != "N/A")
+
+
+def test_real_rows_become_the_simulators_ops() -> None:
+    rows = llm_rows()
+    # (4096 x 1024) @ (4096 x 1024)^T -> 4096 x 4096: M 4096, K 1024, N 4096
+    first = next(r for r in rows if r["Type"] == "MatMulV3")
+    assert first["Input Shapes"] == '"4096,1024;4096,1024"' and first["Output Shapes"] == '"4096,4096"'
+    assert kernel_spec("MatMulV3", first) == OpSpec("MatMul", ((1, 4096, 1024), (1, 1024, 4096)), "bf16")
+    # the weight gradient (4096 x 1024)^T @ (4096 x 3072) -> 1024 x 3072: a transposed first operand
+    grad = next(r for r in rows if r["Type"] == "MatMulV3" and r["Output Shapes"] == '"1024,3072"')
+    assert kernel_spec("MatMulV3", grad).shapes == ((1, 1024, 4096), (1, 4096, 3072))
+    # FlashAttentionScore, SBH: q (4096, 1, 2048) with softmax_max (1, 16, 4096, 8) = 16 heads of
+    # 128, k (4096, 1, 1024) = 8 KV heads; a 2048 x 2048 BOOL mask: causal
+    fa = next(r for r in rows if r["Type"] == "FlashAttentionScore")
+    spec = kernel_spec("FlashAttentionScore", fa)
+    assert spec.op_type == "FlashAttention" and spec.dtype == "bf16"
+    assert spec.shapes == ((1, 16, 4096, 128), (1, 8, 4096, 128), (1, 8, 4096, 128))
+    assert spec.attr("causal") is True and spec.attr("fusion") is True
+    bwd = kernel_spec("FlashAttentionScoreGrad", next(r for r in rows if r["Type"] == "FlashAttentionScoreGrad"))
+    assert bwd.op_type == "FlashAttentionGrad" and bwd.shapes == spec.shapes + ((1, 16, 4096, 128),)
+    # ApplyAdamWV2 over 3,145,728 fp32 parameters; TensorMove of 77,791,232 fp32 = 311,164,928 bytes
+    adam = next(r for r in rows if r["Type"] == "ApplyAdamWV2" and r["Input Shapes"].startswith('"3145728'))
+    assert kernel_spec("ApplyAdamWV2", adam) == OpSpec("ApplyAdamW", ((3145728,),), "fp32")
+    move = next(r for r in rows if r["Type"] == "TensorMove" and r["Input Shapes"] == '"77791232"')
+    assert kernel_spec("TensorMove", move).attr("nbytes") == 77791232 * 4
+    with pytest.raises(NotReplayable, match="SiLU"):
+        kernel_spec("SwiGlu", next(r for r in rows if r["Type"] == "SwiGlu"))
+
+
+def test_vector_kernels_are_charged_the_bytes_their_tensors_hold() -> None:
+    """Where a row gives input and output shapes and dtypes, a Vector kernel is re-costed with the
+    bytes it reads and writes (vector_cost's read_bytes / write_bytes), as the table's 'reads' says."""
+    rows = llm_rows()
+    # Mul of (4096, 1) by (64,) broadcast into (4096, 64), FLOAT: reads (4096 + 64) x 4 bytes,
+    # writes 4096 x 64 x 4; its instructions run over the largest tensor, the output
+    mul = next(r for r in rows if r["Type"] == "Mul" and r["Input Shapes"] == '"4096,1;64"')
+    assert kernel_spec("Mul", mul) == OpSpec("Mul", ((4096, 64),), "fp32", (("read_bytes", (4096 + 64) * 4),
+                                                                          ("write_bytes", 4096 * 64 * 4)))
+    # Cast FLOAT -> DT_BF16 of (4096, 1, 1, 128): reads 4 bytes and writes 2 per element
+    cast = next(r for r in rows if r["Type"] == "Cast" and r["Input Shapes"] == '"4096,1,1,128"'
+                and r["Output Data Types"] == "DT_BF16")
+    assert kernel_spec("Cast", cast).attrs == (("read_bytes", 4096 * 128 * 4), ("write_bytes", 4096 * 128 * 2))
+    # Slice of (4096, 8, 512) into (4096, 8, 256), DT_BF16: a StridedSlice that reads only the part it copies
+    cut = next(r for r in rows if r["Type"] == "Slice" and r["Output Shapes"] == '"4096,8,256"')
+    assert kernel_spec("Slice", cut) == OpSpec("StridedSlice", ((4096, 8, 256),), "bf16", (
+        ("read_bytes", 4096 * 8 * 256 * 2), ("write_bytes", 4096 * 8 * 256 * 2)))
+    # ZerosLike of 375,815,680 FLOAT: a Fill that writes 1,503,262,720 bytes and reads none
+    zeros = next(r for r in rows if r["Type"] == "ZerosLike" and r["Input Shapes"] == '"375815680"')
+    assert kernel_spec("ZerosLike", zeros) == OpSpec("Fill", ((375815680,),), "fp32", (
+        ("read_bytes", 0), ("write_bytes", 375815680 * 4)))
+    # ForeachAddList of the AlexNet profile (the update of its 16 parameter tensors): its instructions
+    # over every element of the list; it reads both input lists and the scalar alpha (the 33rd
+    # input, '' FLOAT) and writes the output list
+    with (DATA / "ascend-msinsight-alexnet2p-level1-rank0" / "kernel_details.csv").open(encoding="utf-8") as f:
+        foreach = next(r for r in csv.DictReader(f) if r["Type"] == "ForeachAddList")
+    spec = kernel_spec("ForeachAddList", foreach)
+    outputs = parse_shapes(foreach["Output Shapes"])
+    elements = sum(math.prod(s) for s in outputs)
+    assert spec.op_type == "ForeachAdd" and spec.shapes == ((elements,),) and spec.dtype == "fp32"
+    assert spec.attr("write_bytes") == 4 * elements and spec.attr("read_bytes") == 2 * 4 * elements + 4
+    # no output shapes (ApplyAdamWV2), or a dtype the simulator lacks (Greater writes BOOL): the
+    # operator's own multiples of its first tensor, as before
+    adam = next(r for r in rows if r["Type"] == "ApplyAdamWV2" and r["Input Shapes"].startswith('"3145728'))
+    assert kernel_spec("ApplyAdamWV2", adam).attrs == ()
+    greater = next(r for r in rows if r["Type"] == "Greater")
+    assert kernel_spec("Greater", greater) == OpSpec("Less", ((4,),), "fp32")
+
+
+def test_shapes_parse_in_order_with_empty_slots() -> None:
+    assert parse_shapes('"4096,1,2048;4096,1,1024;;"') == [(4096, 1, 2048), (4096, 1, 1024), (), ()]
+    assert parse_shapes('""') == [()]  # a scalar, recorded as such
+    assert parse_shapes("N/A") is None
+    with pytest.raises(NotReplayable, match="unparseable shapes"):
+        parse_shapes('"4096,x;1"')
+
+
+def test_error_of_a_kernel(tmp_path) -> None:
+    """A MatMul measured at twice its simulated time: error (s - 2s) / 2s = -50%."""
+    hw = load_hardware("ascend910b")
+    simulated_us = op_cost(OpSpec("MatMul", ((1, 1024, 1024), (1, 1024, 1024)), "bf16"), hw).duration_s * 1e6
+    measured_us = round(2 * simulated_us, 3)
+    path = tmp_path / "kernel_details.csv"
+    path.write_text(HEADER + f'1,aclnnMm_MatMulCommon_MatMulV2,MatMulV2,AI_CORE,100.0\t,{measured_us},24,0,'
+                    '"1024,1024;1024,1024",DT_BF16;DT_BF16,"1024,1024",DT_BF16\n', encoding="utf-8")
+    report = replay_profile(path, "ascend910b")
+    expected = abs(simulated_us - measured_us) / measured_us  # 0.5 up to the file's 3 decimals
+    assert report.kernels == 1 and report.median_abs_error_frac == pytest.approx(expected, rel=1e-9)
+    assert report.by_op_type["MatMul"].median_error_frac == pytest.approx(-expected, rel=1e-9)
+    assert abs(expected - 0.5) < 1e-3 and not report.passed  # 50% > 15%
+    # no Vector kernel and no cycle counts: only the AI Core count is checked, and 24 of 24 fits
+    assert report.hardware_check.matches is True and report.hardware_check.clock_hz is None
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    # a Level0 profile: no shapes to re-cost from
+    assert main(["validate", "--profile", str(LEVEL0)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kernel_details.csv: no 'Input Shapes' column" in err and "Level0" in err
+    # a folder without kernel_details.csv
+    assert main(["validate", "--profile", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{tmp_path}: a folder without" in err
+    # a truncated file: the importer names the line
+    cut = tmp_path / "cut" / "kernel_details.csv"
+    cut.parent.mkdir()
+    cut.write_text(LLM_CSV.read_text(encoding="utf-8")[:3000], encoding="utf-8")
+    assert main(["validate", "--profile", str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line " in err and "Traceback" not in err
+    assert main(["validate", "--profile", str(LLM_CSV), "--max-error", "abc"]) == 2
+    assert "--max-error" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse: not a bundled spec
+        main(["validate", "--profile", str(LLM_CSV), "--hardware", "nope"])
+    assert exc.value.code == 2
+
+
+def test_unparseable_unknown_and_zero_kernels_are_counted_and_named(tmp_path, capsys) -> None:
+    path = tmp_path / "kernel_details.csv"
+    path.write_text(HEADER
+                    + '1,aclnnAdd_AddAiCore_Add,Add,AI_VECTOR_CORE,1.0\t,5.0,40,0,"4096,x;4096",DT_BF16;DT_BF16,"4096",DT_BF16\n'
+                    + '1,aclnnEq_EqualAiCore_Equal,Equal,AI_VECTOR_CORE,2.0\t,3.0,1,0,"8;8",BOOL;BOOL,"8",BOOL\n'
+                    + '1,aclnnCast_CastAiCore_Cast,Cast,AI_VECTOR_CORE,3.0\t,4.0,1,0,"8",BOOL,"8",FLOAT\n'
+                    + '1,aclnnMuls_MulAiCore_Mul,Mul,AI_VECTOR_CORE,4.0\t,0,1,0,"8",FLOAT,"8",FLOAT\n'
+                    + '1,Mystery3,N/A,N/A,5.0\t,2.0,1,0,"8",FLOAT,"8",FLOAT\n', encoding="utf-8")
+    code = main(["validate", "--profile", str(path), "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["kernels"] == 0 and data["median_abs_error_frac"] is None
+    reasons = {u["kernel_type"]: (u["count"], u["names"], u["reason"]) for u in data["unmapped"]}
+    assert reasons["Add"][:2] == (1, ["aclnnAdd_AddAiCore_Add"]) and "unparseable shapes" in reasons["Add"][2]
+    assert "no equality comparison" in reasons["Equal"][2]
+    assert "dtype BOOL" in reasons["Cast"][2]
+    assert "measured duration is 0" in reasons["Mul"][2]
+    assert reasons["Mystery"][:2] == (1, ["Mystery3"]) and "not in the kernel table" in reasons["Mystery"][2]
+
+
+def test_validate_help_shows_the_profile_form(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["validate", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--case" in out and "--profile DIR_OR_CSV" in out
