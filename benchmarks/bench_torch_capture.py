@@ -4,9 +4,10 @@ Run: ``python benchmarks/bench_torch_capture.py [--repeats N] [--layers L]``. Pi
 core where the OS allows and, in this one process, alternates N times (default 5):
 
 - plain: the step (forward with labels, backward, AdamW(foreach=True) step and zero_grad) run
-  under PyTorch's ``FakeTensorMode`` alone: what any fake-tensor tool pays;
-- capture: the same through :func:`simulator.run_torch` (the recorder mapping each aten op,
-  the simulation of each op, device memory following the storages).
+  twice under PyTorch's ``FakeTensorMode`` alone: what any fake-tensor tool pays;
+- capture: the same through :func:`simulator.run_torch`, which runs it twice too (a warm-up,
+  then the simulated step: the recorder mapping each aten op, the simulation of each op,
+  device memory following the storages).
 
 Both build the model in the timed region (``setup``). Prints each side's median CPU and wall
 time and the ratio capture / plain (target: at most 2), and the wall time of a whole
@@ -47,6 +48,12 @@ def train_step(model, opt, tokens):
     opt.zero_grad()
 
 
+#: run_torch runs the step once unsimulated first (its warm-up) and once simulated: plain
+#: fake-tensor execution runs it as many times, so the ratio is what the recorder and the
+#: simulation add.
+STEP_RUNS = 2
+
+
 def plain(setup) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -54,7 +61,9 @@ def plain(setup) -> None:
     before = torch.get_default_dtype()
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            train_step(*setup())
+            arguments = setup()
+            for _ in range(STEP_RUNS):
+                train_step(*arguments)
     finally:
         torch.set_default_dtype(before)
 
@@ -62,7 +71,7 @@ def plain(setup) -> None:
 def capture(setup) -> None:
     import simulator
 
-    simulator.run_torch(train_step, setup=setup, hardware="ascend910b")
+    simulator.run_torch(train_step, setup=setup, hardware="ascend910b", warmup_steps=STEP_RUNS - 1, steps=1)
 
 
 def timed(function, setup) -> tuple[float, float]:
