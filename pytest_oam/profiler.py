@@ -63,8 +63,7 @@ class OamProfiler:
                             f"**kwargs), got {type(workload).__name__} {workload!r:.80}")
         import simulator
 
-        hardware = first_given(hardware, self._marker.hardware, self._settings.hardware)
-        devices = first_given(devices, self._marker.devices, 1)
+        hardware, devices = self._hardware(hardware), first_given(devices, self._marker.devices, 1)
         collection = kwargs.pop("collection", None) or self._settings.collection()
         profile = simulator.run(
             workload, *args, steps=steps, hardware=hardware, devices=devices, op_time_scale=op_time_scale,
@@ -143,8 +142,7 @@ class OamProfiler:
         import simulator
         from simulator.capture import CaptureError, TorchMissingError, UnmappedOpsWarning
 
-        hardware = first_given(hardware, self._marker.hardware, self._settings.hardware)
-        devices = first_given(devices, self._marker.devices, 1)
+        hardware, devices = self._hardware(hardware), first_given(devices, self._marker.devices, 1)
         collection = kwargs.pop("collection", None) or self._settings.collection()
         problem = None
         try:

@@ -271,6 +271,6 @@ def test_int64_collectives_move_eight_bytes_an_element():
 
     as_int64 = run_torch(step, torch.zeros(1 << 20, dtype=torch.int64), hardware="ascend910b", devices=8)
     as_int32 = run_torch(step, torch.zeros(1 << 21, dtype=torch.int32), hardware="ascend910b", devices=8)
-    first = [op for op in as_int64.ops if op.stream == "hccl"][0]
-    second = [op for op in as_int32.ops if op.stream == "hccl"][0]
+    first = next(op for op in as_int64.ops if op.stream == "hccl")
+    second = next(op for op in as_int32.ops if op.stream == "hccl")
     assert first.duration_s == pytest.approx(second.duration_s)  # 8 MiB both

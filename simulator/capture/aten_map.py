@@ -15,7 +15,6 @@ when a torch workload runs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -374,8 +373,7 @@ HANDLERS: dict[str, Handler] = {
 
 #: Operators that run no device kernel: allocation without a kernel, host-side bookkeeping.
 NO_KERNEL = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias", "lift_fresh",
-    "lift_fresh_copy", "_local_scalar_dense", "resize", "set", "_has_compatible_shallow_copy_type",
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh_copy", "_local_scalar_dense", "resize", "set", "_has_compatible_shallow_copy_type",
     "is_same_size", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_record_function_enter_new",
     "_record_function_exit", "record_stream", "_version",
 })
@@ -408,7 +406,3 @@ def emission(func: torch._ops.OpOverload, args: tuple, kwargs: dict,
     if handler is not None:
         return handler(args, kwargs, outputs)
     return generic_emission(name, tensors_in((args, kwargs)), _written(args, outputs))
-
-
-def numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from collections import Counter
 from collections.abc import Iterator
 
 import torch
@@ -77,21 +76,17 @@ class Recorder(TorchDispatchMode):
         super().__init__()
         self.npu = npu
         self.emitting = False
-        #: The aten operators costed generically (``aten::<name>``), by name: how many calls.
-        self.unmapped: Counter[str] = Counter()
         self._storages: dict[int, _Storage] = {}
         self._watch: dict[weakref.ref, int] = {}  # weak reference of a Python tensor -> its storage key
         self._went: list[int] = []  # storages whose last Python tensor went since the last check
         self._held: set[int] = set()
         self._calls = 0
         self._site_of_node: list[tuple[weakref.ref, str]] = []
-        self._kinds: dict[object, bool] = {}  # operator -> runs a kernel?
+        self._kinds: dict[object, str] = {}  # operator -> what it is (_kind)
         self._works: dict[int, object] = {}  # storage of a functional collective's result -> its Work
         self._unwaited = False  # an async c10d collective in backward, not waited for yet
         self._paused = False
         self._dropout_p = 0.0
-        self._views: dict[object, bool] = {}  # operator -> a view?
-        self._composites: dict[object, bool] = {}  # operator -> has a CompositeImplicitAutograd kernel?
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -188,10 +183,6 @@ class Recorder(TorchDispatchMode):
             entry.holder = Tensor((nbytes,), "int8")
             self._allocate(entry.holder)
 
-    def known(self, tensor: torch.Tensor) -> bool:
-        found = self._storage_key(tensor)
-        return found is not None and found[0] in self._storages
-
     def adopt(self, tensor: torch.Tensor) -> Tensor | None:
         """Give ``tensor``'s storage device memory if it has none yet (a tensor made outside the
         capture, or before it); returns the new holder, else ``None``."""
@@ -211,20 +202,23 @@ class Recorder(TorchDispatchMode):
 
     # -- the dispatcher ------------------------------------------------------------------------
 
-    def _is_view(self, func) -> bool:
-        kind = self._views.get(func)
+    def _kind(self, func) -> str:
+        """What an operator is, decided once per operator: ``"view"`` (its output lies in its
+        input's storage), ``"composite"`` (only a composite definition: its parts are the
+        kernels), ``"host"`` (no kernel: allocation, bookkeeping) or ``"kernel"``."""
+        kind = self._kinds.get(func)
         if kind is None:
-            kind = self._views[func] = func.is_view or base_name(func) in VIEW_OPS
-        return kind
-
-    def _is_composite(self, func) -> bool:
-        kind = self._composites.get(func)
-        if kind is None:
+            name = base_name(func)
             # only composite: an operator with a kernel of its own (silu_backward has both) is one kernel
             has = torch._C._dispatch_has_kernel_for_dispatch_key
-            kind = self._composites[func] = (has(func.name(), "CompositeImplicitAutograd")
-                                             and not has(func.name(), "CPU")
-                                             and not has(func.name(), "CompositeExplicitAutograd"))
+            if func.is_view or name in VIEW_OPS:
+                kind = "view"
+            elif (has(func.name(), "CompositeImplicitAutograd") and not has(func.name(), "CPU")
+                  and not has(func.name(), "CompositeExplicitAutograd")):
+                kind = "composite"
+            else:
+                kind = "host" if name in NO_KERNEL else "kernel"
+            self._kinds[func] = kind
         return kind
 
     def _view(self, func, args: tuple, kwargs: dict, inputs: list[torch.Tensor]):
@@ -246,13 +240,6 @@ class Recorder(TorchDispatchMode):
             self._watch_tensor(tensor, key)
         return out
 
-    def _runs_kernel(self, func) -> bool:
-        kind = self._kinds.get(func)
-        if kind is None:
-            kind = self._kinds[func] = (func.namespace not in NO_KERNEL_NAMESPACES
-                                        and base_name(func) not in NO_KERNEL)
-        return kind
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self._paused:
@@ -272,18 +259,18 @@ class Recorder(TorchDispatchMode):
         for tensor in inputs:  # the warm-up's too: it would already give a real model fake gradients
             if tensor.requires_grad and not isinstance(tensor, FakeTensor):
                 raise CaptureError(real_parameter_message(torch_call_site(), func, tensor))
-        if self._is_view(func):
+        kind = self._kind(func)
+        if kind == "view":
             return self._view(func, args, kwargs, inputs)
-        if self.emitting and self._is_composite(func):
+        if self.emitting and kind == "composite":
             # a composite operator that reached the dispatcher undecomposed (under
             # torch.inference_mode: linear, scaled_dot_product_attention, ...): its parts, here
             with self:
                 return func.decompose(*args, **kwargs)
         for tensor in inputs:
-            if not self.known(tensor):
-                holder = self.adopt(tensor)
-                if holder is not None:
-                    self._allocate(holder)
+            holder = self.adopt(tensor)
+            if holder is not None:
+                self._allocate(holder)
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
@@ -291,8 +278,7 @@ class Recorder(TorchDispatchMode):
         outputs = tensors_in(out)
         if func._schema.is_mutable:  # an out= argument or resize_ may have resized a storage
             for tensor in inputs:
-                if self.known(tensor):
-                    self.storage_resized(tensor)
+                self.storage_resized(tensor)
         if not inputs and any(tensor.device.type == "meta" for tensor in outputs):
             return out  # a meta tensor made from nothing: not on the card
         input_ids = {id(t) for t in inputs}
@@ -315,13 +301,8 @@ class Recorder(TorchDispatchMode):
         if self.emitting and func.namespace in COLLECTIVE_NAMESPACES:
             self._collective(func, args, kwargs, outputs, new_holders)
             return out
-        if not self._runs_kernel(func):
-            for holder in new_holders:
-                self._allocate(holder)
-            return out
-        if not self.emitting:
-            for holder in new_holders:
-                self._allocate(holder)
+        if not self.emitting or kind == "host":  # setup and warm-up; allocations, host bookkeeping
+            self._allocate_all(new_holders)
             return out
         if not returned_new and outputs and not func._schema.is_mutable:
             # every output aliases an input (a view: transpose, expand, _unsafe_view...): no kernel
@@ -330,8 +311,7 @@ class Recorder(TorchDispatchMode):
             self._wait_for_inputs(inputs)
         made = emission(func, args, kwargs, outputs)
         if made is None:
-            for holder in new_holders:
-                self._allocate(holder)
+            self._allocate_all(new_holders)
             return out
         if isinstance(made, list):  # several kernels: the outputs' memory goes with the last
             for part in made[:-1]:
@@ -346,8 +326,6 @@ class Recorder(TorchDispatchMode):
         """One simulated op of a captured call, at the user's line (returned)."""
         if self._dropout_p and made.op_type in ("FlashAttention", "FlashAttentionGrad"):
             made.attrs["dropout_p"] = self._dropout_p
-        if made.op_type.startswith("aten::"):
-            self.unmapped[made.op_type] += 1
         site = self._site()
         if self._unwaited and torch._C._current_autograd_node() is None:
             # c10d collectives issued with async_op=True in backward (DDP's gradient buckets):

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from ..hardware import HardwareSpec
 from .tensor import ShapeError, Tensor, check_tensors, check_window, compute
 
-
 #: The fused attention kernel's tiling when the caller gives none (NPU.flash_attention's
 #: defaults, and a captured PyTorch attention's): query blocks of 128 rows, 2 blocks in flight.
 FLASH_ATTENTION_DEFAULTS = {"block_size": 128, "pipeline_stages": 2}
