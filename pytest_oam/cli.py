@@ -50,18 +50,20 @@ def _add_collect_options(parser: argparse.ArgumentParser, torch: bool = False) -
         group.add_argument("--setup", metavar="MODULE:FUNCTION",
                            help="with --torch: called once first; its results are the step's first arguments")
 
-    group.add_argument("--dataset", default="wikitext-103", metavar="NAME",
-                       help="sequence-length distribution each step draws from (default: %(default)s); "
+    # --dataset, --max-seq-len and --seed default to None so that giving one with --torch is seen
+    # (and refused); _zoo_defaults fills in their defaults for zoo models
+    group.add_argument("--dataset", metavar="NAME",
+                       help=f"sequence-length distribution each step draws from (default: {_ZOO_DEFAULTS['dataset']}); "
                             "'none' for a fixed --seq-len")
     group.add_argument("--seq-len", type=int, metavar="N",
                        help="sequence length of every step; only with --dataset none (default: 2048)")
-    group.add_argument("--max-seq-len", type=int, default=4096, metavar="N",
-                       help="longest sequence a dataset draw may give (default: %(default)s)")
+    group.add_argument("--max-seq-len", type=int, metavar="N",
+                       help=f"longest sequence a dataset draw may give (default: {_ZOO_DEFAULTS['max_seq_len']})")
     group.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="SPEC",
                        help="device and card count, e.g. 'Ascend 910 x 8' or ascend910b (default: %(default)r)")
     group.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                        help="steps to simulate (default: %(default)s)")
-    group.add_argument("--seed", type=int, default=0, help="seed of the sequence-length draws (default: 0)")
+    group.add_argument("--seed", type=int, help=f"seed of the sequence-length draws (default: {_ZOO_DEFAULTS['seed']})")
     group.add_argument("--param", action="append", default=[], type=_param, metavar="KEY=VALUE",
                        help="a model parameter, e.g. block_size=64 or fusion=false (repeatable; "
                             "'oam models' lists them)")
@@ -281,6 +283,16 @@ def _refuse_overwrite(path: Path, force: bool) -> None:
         raise ValueError(f"{path} exists; pass --force to overwrite it")
 
 
+_ZOO_DEFAULTS = {"dataset": "wikitext-103", "max_seq_len": 4096, "seed": 0}
+
+
+def _zoo_defaults(args: argparse.Namespace) -> None:
+    """Fill in the zoo-model options not given (their parser default is None, see _add_collect_options)."""
+    for name, default in _ZOO_DEFAULTS.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+
+
 def _dataset(text: str) -> str | None:
     return None if text.lower() == "none" else text
 
@@ -291,6 +303,7 @@ def _cmd_baseline_create(args: argparse.Namespace) -> int:
     if args.output.suffix == ".gz":
         raise ValueError(f"{args.output}: baseline files are plain JSON (reviewable in a diff); use a .json name")
     _refuse_overwrite(args.output, args.force)
+    _zoo_defaults(args)
     baseline = ProfileBaseline.create(model=args.model, dataset=_dataset(args.dataset), hardware=args.hardware,
                                       tag=args.tag, steps=args.steps, seed=args.seed,
                                       max_seq_len=args.max_seq_len, seq_len=args.seq_len,
@@ -330,6 +343,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.setup:
         raise ValueError("--setup goes with --torch (a zoo model needs no setup)")
+    _zoo_defaults(args)
     profile = collect_profile(args.model, _dataset(args.dataset), hardware=args.hardware, steps=args.steps,
                               seed=args.seed, max_seq_len=args.max_seq_len, focus=args.focus,
                               context_ops=args.context_ops, seq_len=args.seq_len, params=_params(args.param))
@@ -343,6 +357,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 def _given_zoo_options(args: argparse.Namespace) -> list[str]:
     """The zoo-model options given on the command line (meaningless with --torch)."""
     given = [f"--param {key}" for key, _ in args.param]
+    given += [f"--{name.replace('_', '-')}" for name in _ZOO_DEFAULTS if getattr(args, name) is not None]
     if args.seq_len is not None:
         given.append("--seq-len")
     if args.focus is not None or args.context_ops is not None:

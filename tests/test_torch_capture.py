@@ -411,6 +411,9 @@ def test_oam_collect_captures_a_torch_step(tmp_path, monkeypatch):
     (["--torch", "missing.py:step"], "missing.py: no such file"),
     (["--torch", "mystep.py"], "expected MODULE:FUNCTION"),
     (["--torch", "mystep.py:step", "--param", "fusion=false"], "--param fusion describe a zoo model"),
+    # these three have defaults for zoo models; given with --torch they were once ignored silently
+    (["--torch", "mystep.py:step", "--dataset", "wikitext-2"], "--dataset describe a zoo model"),
+    (["--torch", "mystep.py:step", "--seed", "3", "--max-seq-len", "128"], "--max-seq-len, --seed describe"),
     (["--model", "llama-7b", "--setup", "mystep.py:setup"], "--setup goes with --torch"),
     (["--torch", "broken.py:step"], r"importing broken.py failed: ZeroDivisionError: division by zero"),
     (["--torch", "mystep.py:step"], r"step\(model, x\) cannot take what it is given \(no setup, then 0 arguments"),

@@ -58,8 +58,9 @@ class ConfigMetrics(BaseModel):
     model_config = _CONFIG
     latency_s: PositiveFloat = Field(description="Mean time of one call of the operator with these shapes")
     metrics: dict[Name, float] = Field(
-        description="The tuning metrics (auto_tune's names and units: latency_ms, throughput_tokens_per_s, "
-                    "flop_per_s, peak_memory_bytes), per step of the tuning workload")
+        description="The tuning metrics (auto_tune's names and units: latency_s, throughput_tokens_per_s, "
+                    "flop_per_s, peak_memory_bytes, and the deprecated latency_ms, latency_s in milliseconds, "
+                    "kept for targets that still name it), per step of the tuning workload")
 
 
 class TunedRecord(BaseModel):
