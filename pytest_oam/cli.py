@@ -31,6 +31,7 @@ examples:
   oam cluster cluster_analysis_output/cluster_step_trace_time.csv   # slow ranks, pipeline bubble
   oam validate                     # the simulator against published Ascend figures
   oam validate --profile DIR       # ... and against a real torch_npu profile, kernel by kernel
+  oam calibrate DIR -o my-910b.json   # fit a hardware file to your NPU's profiles
 
 exit codes: 0 nothing regressed, 1 the comparison (or a validation case) failed, 2 bad usage or input.
 docs: docs/cli.md (the oam command), docs/api.md (the Python API)."""
@@ -191,6 +192,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate every case of simulator/validation/figures.json and print case, "
                     "hardware, published and simulated figure, error, tolerance and result; with --profile, "
                     "re-cost every kernel of a real torch_npu profile and compare.")
+    calibrate = commands.add_parser(
+        "calibrate", help="fit a hardware file to real torch_npu profiles of your NPU",
+        description="Re-cost every kernel of real torch_npu profiles (Level1 or Level2 kernel_details.csv, as "
+                    "'oam validate --profile' reads them) on the base spec, fit a time scale per simulator op type and "
+                    "the host time per eager kernel (launch.host_dispatch_s), and write a complete hardware file with "
+                    "the fit's provenance, for --oam-hardware FILE, hardware=\"FILE\" or oam validate --hardware FILE "
+                    "(docs/calibrate.md).")
+    calibrate.add_argument("profiles", nargs="+", type=Path, metavar="PROFILE",
+                           help="a torch_npu output folder (*_ascend_pt) or its kernel_details.csv")
+    calibrate.add_argument("-o", "--output", required=True, type=_output_path, metavar="FILE.json",
+                           help="the hardware file to write (folders are created; an existing file is replaced only "
+                                "if oam calibrate wrote it)")
+    calibrate.add_argument("--hardware", metavar="BASE",
+                           help="the spec to start from: a bundled name or a hardware file (default: the bundled spec "
+                                "closest to the profiles' core counts, as oam validate --profile picks)")
+    calibrate.add_argument("--min-kernels", type=_positive_int, default=None, metavar="N",
+                           help="fewest kernels of an op type (and host gaps) to fit it; fewer keep the base's value "
+                                "(default: 5)")
+    _format_option(calibrate)
     sweep = commands.add_parser(
         "sweep", help="map an operator's efficiency over a grid of shapes",
         description="Simulate an operator over a grid of shapes and print its least efficient "
@@ -398,6 +418,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     # regressed, missing-ops and incomparable fail (no-baseline cannot happen here)
     return EXIT_FAILED if GateStatus(report.status).fails(strict=True) else EXIT_OK
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import DEFAULT_MIN_KERNELS, calibrate, calibration_text
+
+    min_kernels = DEFAULT_MIN_KERNELS if args.min_kernels is None else args.min_kernels
+    try:
+        calibration = calibrate(args.profiles, args.output, args.hardware, min_kernels)
+    except OSError as exc:  # the write: name -o, whatever the errno text says
+        raise OSError(f"-o {args.output}: cannot write it: {exc.strerror or exc}") from None
+    if args.format == "json":
+        import json
+
+        _print(json.dumps(calibration, indent=2, sort_keys=True))
+    else:
+        _print(calibration_text(calibration, args.output, "github" if args.format == "markdown" else "simple"))
+    return EXIT_OK
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -621,6 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("trace", None): _cmd_trace,
         ("cluster", None): _cmd_cluster,
         ("tune", None): _cmd_tune,
+        ("calibrate", None): _cmd_calibrate,
     }[(args.command, getattr(args, "action", None))]
     try:
         return handler(args)

@@ -51,12 +51,13 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.costs import OpSpec
 
-from .files.importers import ImportError_, read_ascend_csv
+from .files.importers import AscendCsv, ImportError_, read_ascend_csv
 from .files.kernel_names import bytes_read, simulator_dtype, simulator_op_type, why_no_op_type
 from .files.realfile import Shape
 from .files.realfile import parse_shapes as _parse_shapes
@@ -482,23 +483,54 @@ def _p90(values: list[float]) -> float:
     return float(np.percentile(values, 90))
 
 
-def replay_profile(path: str | Path, hardware: str | None = None,
-                   max_error_frac: float = DEFAULT_MAX_ERROR_FRAC) -> ReplayReport:
+class ReplayedKernel(NamedTuple):
+    """One re-costed kernel of a profile."""
+
+    index: int  #: its row in the file, from 0, in file order
+    kernel_type: str
+    op_type: str  #: the simulator's op type
+    measured_s: float
+    simulated_s: float
+
+    @property
+    def error_frac(self) -> float:
+        """(simulated - measured) / measured."""
+        return (self.simulated_s - self.measured_s) / self.measured_s
+
+
+class ReplayedKernels(NamedTuple):
+    """Every kernel of a profile, re-costed (:func:`replay_kernels`) or not, with why."""
+
+    csv_path: Path
+    read: AscendCsv  #: the importer's profile, header and rows of the file
+    check: ProfileHardware
+    kernels: list[ReplayedKernel]
+    skipped: dict[tuple[str, str], list]  #: (kernel type, reason) -> the op records not re-costed
+
+
+def _hardware_or_error(hardware: str | None) -> None:
+    from simulator.hardware import load_hardware
+
+    if hardware is not None:
+        try:
+            load_hardware(hardware)
+        except ValueError as exc:
+            raise ReplayError(f"--hardware {hardware!r}: {exc}") from None
+
+
+def replay_kernels(path: str | Path, hardware: str | None = None) -> ReplayedKernels:
     """Re-cost every device kernel of the ``kernel_details.csv`` at ``path`` (or in the torch_npu
-    output folder ``path``) on ``hardware`` (a bundled spec name; None: the closest to the
-    profile, :func:`profile_hardware`) and compare each with its measured duration.
+    output folder ``path``) on ``hardware`` (a bundled spec name or a hardware file's path; None:
+    the bundled spec closest to the profile, :func:`profile_hardware`), kernel by kernel.
 
     Raises:
-        ReplayError: no kernel_details.csv there, a file the importer refuses (naming the line),
-            a profile without an ``Input Shapes`` column (torch_npu's Level0), an unknown
-            hardware name.
+        ReplayError: as :func:`replay_profile`.
     """
     from simulator.costs import op_cost
-    from simulator.hardware import list_hardware, load_hardware
+    from simulator.hardware import load_hardware
 
     csv_path = kernel_details_path(path)
-    if hardware is not None and hardware not in list_hardware():
-        raise ReplayError(f"--hardware {hardware!r}: not a bundled hardware spec; known: {', '.join(list_hardware())}")
+    _hardware_or_error(hardware)
     try:
         read = read_ascend_csv(csv_path)
     except ImportError_ as exc:
@@ -510,10 +542,10 @@ def replay_profile(path: str | Path, hardware: str | None = None,
                           "experimental_config profiler_level Level1 or Level2 and record_shapes=True")
     check = profile_hardware(rows, hardware)
     hw = load_hardware(check.spec)
-    errors: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # op type -> (measured, simulated, error)
+    kernels: list[ReplayedKernel] = []
     skipped: dict[tuple[str, str], list] = defaultdict(list)  # (kernel type, reason) -> ops
     simulated_s: dict[OpSpec, float] = {}  # one cost per distinct op
-    for op, row in zip(profile.ops, rows, strict=True):
+    for index, (op, row) in enumerate(zip(profile.ops, rows, strict=True)):
         kernel = str(op.attrs.get("kernel", op.op_type))  # the kernel type (a collective is named AllReduce ...)
         try:
             if op.duration_s <= 0:
@@ -528,7 +560,27 @@ def replay_profile(path: str | Path, hardware: str | None = None,
         except NotReplayable as why:
             skipped[(kernel, str(why))].append(op)
             continue
-        errors[spec.op_type].append((op.duration_s, simulated, (simulated - op.duration_s) / op.duration_s))
+        kernels.append(ReplayedKernel(index, kernel, spec.op_type, op.duration_s, simulated))
+    return ReplayedKernels(csv_path, read, check, kernels, dict(skipped))
+
+
+def replay_profile(path: str | Path, hardware: str | None = None,
+                   max_error_frac: float = DEFAULT_MAX_ERROR_FRAC) -> ReplayReport:
+    """Re-cost every device kernel of the ``kernel_details.csv`` at ``path`` (or in the torch_npu
+    output folder ``path``) on ``hardware`` (a bundled spec name or a hardware file's path, e.g.
+    one ``oam calibrate`` wrote; None: the closest bundled spec to the profile,
+    :func:`profile_hardware`) and compare each with its measured duration.
+
+    Raises:
+        ReplayError: no kernel_details.csv there, a file the importer refuses (naming the line),
+            a profile without an ``Input Shapes`` column (torch_npu's Level0), an unknown
+            hardware name or an unusable hardware file.
+    """
+    replayed = replay_kernels(path, hardware)
+    check, rows = replayed.check, replayed.read.rows
+    errors: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # op type -> (measured, simulated, error)
+    for k in replayed.kernels:
+        errors[k.op_type].append((k.measured_s, k.simulated_s, k.error_frac))
     by_type = {}
     for op_type, found in sorted(errors.items()):
         abs_errors = [abs(e) for _, _, e in found]
@@ -541,8 +593,10 @@ def replay_profile(path: str | Path, hardware: str | None = None,
     median = statistics.median(every) if every else None
     unmapped = [UnmappedKernels(kernel_type=kind, reason=reason, count=len(ops), measured_s=sum(o.duration_s for o in ops),
                                 names=list(dict.fromkeys(o.name for o in ops))[:NAMES_SHOWN])
-                for (kind, reason), ops in sorted(skipped.items(), key=lambda kv: -sum(o.duration_s for o in kv[1]))]
-    return ReplayReport(profile=str(csv_path), hardware=check.spec, kernels=len(every), kernels_in_profile=len(rows),
+                for (kind, reason), ops in sorted(replayed.skipped.items(),
+                                                  key=lambda kv: -sum(o.duration_s for o in kv[1]))]
+    return ReplayReport(profile=str(replayed.csv_path), hardware=check.spec, kernels=len(every),
+                        kernels_in_profile=len(rows),
                         median_abs_error_frac=median, p90_abs_error_frac=_p90(every) if every else None,
                         max_error_frac=max_error_frac, passed=median is not None and median <= max_error_frac,
                         by_op_type=by_type, unmapped=unmapped, hardware_check=check)
@@ -606,6 +660,23 @@ def wants_profile(argv: list[str]) -> bool:
     return any(a == "--profile" or a.startswith("--profile=") for a in argv)
 
 
+def hardware_argument(text: str) -> str:
+    """argparse ``type`` of a ``--hardware`` option: a bundled spec name or a usable hardware file.
+
+    Raises:
+        argparse.ArgumentTypeError: neither (the message names the file and the field at fault).
+    """
+    import argparse
+
+    from simulator.hardware import load_hardware
+
+    try:
+        load_hardware(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _parser():
     import argparse
 
@@ -617,9 +688,10 @@ def _parser():
                     "on the simulated NPU and compare with its measured duration, per op type.")
     parser.add_argument("--profile", required=True, type=Path, metavar="DIR_OR_CSV",
                         help="a torch_npu output folder (*_ascend_pt) or its kernel_details.csv")
-    parser.add_argument("--hardware", choices=list_hardware(), metavar="NAME",
+    parser.add_argument("--hardware", type=hardware_argument, metavar="NAME_OR_FILE",
                         help="the simulated NPU (default: the bundled spec closest to the profile's core counts; "
-                             f"one of {', '.join(list_hardware())})")
+                             f"one of {', '.join(list_hardware())}, or a hardware file such as one oam calibrate "
+                             "wrote, e.g. ./my-910b.json)")
     parser.add_argument("--max-error", default="15%", metavar="LIMIT",
                         help="largest median |error| per kernel that passes, 15%% or 0.15 (default: %(default)s)")
     parser.add_argument("--format", choices=("text", "json", "markdown"), default="text",
@@ -650,8 +722,35 @@ def main(argv: list[str]) -> int:
     except (ReplayError, OSError) as exc:
         print(f"oam validate: error: {terminal_safe(exc)}", file=sys.stderr)
         return 2
+    composition = _step_composition(args.profile, args.hardware or report.hardware_check.spec)
     if args.format == "json":
-        print(report.model_dump_json(indent=2))
+        if composition is None:
+            print(report.model_dump_json(indent=2))
+        else:
+            import json
+
+            data = json.loads(report.model_dump_json())
+            data["step_composition"] = composition if isinstance(composition, str) else composition.model_dump()
+            print(json.dumps(data, indent=2))
     else:
         print(terminal_safe(report_text(report, "github" if args.format == "markdown" else "simple"), keep_newlines=True))
+        if composition is not None:
+            from simulator.validation.step_composition import composition_text
+
+            text = composition if isinstance(composition, str) else composition_text(composition)
+            print("\n" + terminal_safe(text, keep_newlines=True))
     return 0 if report.passed else 1
+
+
+def _step_composition(path: Path, hardware: str | None):
+    """With ``step_trace_time.csv`` and ``profiler_metadata.json`` in the folder: the measured and
+    simulated step composition (:mod:`simulator.validation.step_composition`), or the one-line
+    reason it could not be made; ``None`` without those files. Reported, not gated on."""
+    from simulator.validation.step_composition import StepCompositionError, compare, has_step_trace
+
+    if not has_step_trace(path):
+        return None
+    try:
+        return compare(path, hardware or "ascend910b")
+    except (StepCompositionError, ValueError) as exc:
+        return f"step composition: not made: {exc}"

@@ -57,7 +57,7 @@ def marker_settings(item: pytest.Item) -> MarkerSettings:
             hardware = marker.kwargs["hardware"]
             if not isinstance(hardware, str):
                 raise usage_error(f"{where}: hardware must be a name, got {hardware!r}")
-            check_hardware(hardware, where)
+            hardware = check_hardware(hardware, where, item.path.parent)  # a file's path: beside the test file
         if marker.kwargs.get("devices") is not None:
             devices = marker.kwargs["devices"]
             if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:

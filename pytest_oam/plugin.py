@@ -25,7 +25,7 @@ OPTION_DESTS = (
 MARKER_DOC = (
     "oam(thresholds=None, hardware=None, devices=None, tuned=None): per-test settings of the oam "
     "performance gate: thresholds maps an op type or glob to a limit ('5%' or 0.05), "
-    "hardware names a simulated device (ascend910, ascend910b), devices the number of cards, "
+    "hardware names a simulated device (ascend910, ascend910b, ascend910b4), devices the number of cards, "
     "tuned maps an op type or glob to how much slower than its tuned optimum in the knowledge "
     "base each call may be ('5%')"
 )
@@ -59,8 +59,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--oam-hardware",
         action="store",
         default=None,
-        metavar="NAME",
-        help="Simulated hardware for profiled tests (ascend910, ascend910b); default: the oam_hardware ini value",
+        metavar="NAME_OR_FILE",
+        help="Simulated hardware for profiled tests: a bundled spec (ascend910, ascend910b, ascend910b4) or a hardware file "
+             "(./my-910b.json from oam calibrate); default: the oam_hardware ini value",
     )
     group.addoption(
         "--oam-report",

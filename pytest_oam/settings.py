@@ -94,12 +94,27 @@ def check_simulator_module() -> None:
         pytest.fail(f"oam: {problem}", pytrace=False)
 
 
-def check_hardware(name: str, where: str) -> None:
-    from simulator.hardware import list_hardware
+def check_hardware(name: str, where: str, folder: Path | str | None = None) -> str:
+    """``name`` if it is a bundled spec; a hardware file's path (``./my-910b.json``, one
+    ``oam calibrate`` wrote), relative to ``folder`` (None: the current folder), made absolute
+    once it loads.
 
+    Raises:
+        pytest.UsageError: an unknown name, or a file that cannot be used (naming it and the field).
+    """
+    from simulator.hardware import is_hardware_path, list_hardware, load_hardware
+
+    if is_hardware_path(name):
+        path = Path(folder or ".", name).absolute()
+        try:
+            load_hardware(str(path))
+        except ValueError as exc:
+            raise usage_error(f"{where}: {exc}") from None
+        return str(path)
     known = list_hardware()
     if name not in known:
         raise usage_error(f"{where}: unknown hardware {name!r}; known: {', '.join(known)}")
+    return name
 
 
 def check_devices(devices: int, hardware: str, where: str) -> None:
@@ -254,12 +269,12 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
     cli = _parse_entries(opt.oam_threshold or [], "--oam-threshold")
     ini = _parse_entries(config.getini("oam_thresholds"), "oam_thresholds (ini)")
     if opt.oam_hardware is not None:
-        hardware = opt.oam_hardware
-        check_hardware(hardware, "--oam-hardware")
+        hardware = check_hardware(opt.oam_hardware, "--oam-hardware", config.invocation_params.dir)
     else:
         hardware = config.getini("oam_hardware") or "ascend910"
-        if hardware != "ascend910":
-            check_hardware(hardware, "oam_hardware (ini)")
+        if hardware != "ascend910":  # a file's path: relative to the ini file
+            hardware = check_hardware(hardware, "oam_hardware (ini)",
+                                      config.inipath.parent if config.inipath else config.rootpath)
     reports = tuple(Path(config.invocation_params.dir, p) for p in opt.oam_report or [])
     for report in reports:
         if report.is_dir():

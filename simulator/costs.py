@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .hardware import HardwareSpec
 from .units import DTYPE_BYTES
@@ -827,7 +827,9 @@ def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
 
 def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     """Cost of ``spec`` on ``hw`` through :data:`COST_MODELS` (an ``aten::<name>`` op type
-    through :func:`generic_cost`).
+    through :func:`generic_cost`). On a calibrated spec (``hw.calibration``, written by
+    ``oam calibrate``) the duration is multiplied by the op type's fitted time scale; the pipe
+    ratios and utilisation are shares of that time and stay as the model gives them.
 
     Raises:
         KeyError: no cost model for ``spec.op_type``.
@@ -835,7 +837,12 @@ def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     try:
         model = COST_MODELS[spec.op_type]
     except KeyError:
-        if spec.op_type.startswith(GENERIC_OP_PREFIX):
-            return generic_cost(spec, hw)
-        raise KeyError(f"no cost model for op type {spec.op_type!r}") from None
-    return model(spec, hw)
+        if not spec.op_type.startswith(GENERIC_OP_PREFIX):
+            raise KeyError(f"no cost model for op type {spec.op_type!r}") from None
+        model = generic_cost
+    cost = model(spec, hw)
+    scale = 1.0 if hw.calibration is None else hw.calibration.time_scale(spec.op_type)
+    if scale == 1.0:
+        return cost
+    return replace(cost, duration_s=cost.duration_s * scale, overlapped_s=cost.overlapped_s * scale,
+                   overlappable_s=cost.overlappable_s * scale)

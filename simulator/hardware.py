@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -76,6 +77,19 @@ class LaunchSpec(_Group):
         description="Host time to issue one kernel from eager PyTorch (Python, ATen dispatch, torch_npu's "
         "aclnn call through its task queue); the host issues kernels one after another, so kernels shorter "
         "than this leave the device idle. 0 (the default, as specs before simulator 0.4.0 had it): not modelled")
+    attention_host_dispatch_s: float | None = Field(
+        default=None, ge=0,
+        description="Host time of one torch_npu npu_fusion_attention call (its host path runs the attention "
+        "tiling and allocates four outputs), in place of host_dispatch_s for a fused attention kernel. None "
+        "(specs before simulator 0.8.0): host_dispatch_s")
+
+    def host_s(self, mix: bool) -> float:
+        """The host's time to issue one kernel: :attr:`attention_host_dispatch_s` (when given) for
+        a kernel that runs the Cube and Vector units together (``mix``: fused attention), else
+        :attr:`host_dispatch_s`."""
+        if mix and self.attention_host_dispatch_s is not None:
+            return self.attention_host_dispatch_s
+        return self.host_dispatch_s
 
 
 class InterconnectSpec(_Group):
@@ -202,6 +216,59 @@ class ProfilerSpec(_Group):
     online_callback_overhead_s: float = Field(
         ge=0, description="Host time per op when op records are delivered to callbacks while the run goes "
         "(online collection); a gap in the timeline after each op")
+    profiled_host_dispatch_s: float | None = Field(
+        default=None, ge=0,
+        description="Host time to issue one kernel from eager torch_npu while torch_npu's profiler records "
+        "(Level1/Level2, record_shapes): replaces launch.host_dispatch_s when a simulated step is compared with "
+        "such a profile (oam validate --profile's step composition). None: not modelled")
+
+
+class CalibratedProfile(BaseModel):
+    """One real profile a calibration was fitted to."""
+
+    model_config = _STRICT
+    path: str = Field(min_length=1, description="The kernel_details.csv, as given to oam calibrate")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the file's bytes")
+    kernels: NonNegativeInt = Field(description="Its kernels re-costed and used in the fit")
+    host_gaps: NonNegativeInt = Field(description="Its kernel pairs on the compute stream where the device "
+                                      "waited for the host (the host_dispatch_s fit)")
+
+
+class OpTimeScale(BaseModel):
+    """The fitted time scale of one simulator op type."""
+
+    model_config = _STRICT
+    time_scale: PositiveFloat = Field(description="Multiplies the cost model's duration of every op of this type "
+                                      "(1: the base spec's model unchanged)")
+    kernels: NonNegativeInt = Field(description="Kernels of this type the fit saw")
+    fitted: bool = Field(description="False: fewer kernels than min_kernels, the base's scale is kept")
+    median_abs_error_frac_before: float = Field(ge=0, description="Median |error| per kernel on the base spec")
+    median_abs_error_frac_after: float = Field(ge=0, description="The same with the fitted scale")
+
+
+class CalibrationSpec(_Group):
+    """Provenance and fitted values of a spec written by ``oam calibrate`` (``source`` says what
+    was fitted to what). Only ``op_time_scale`` changes what the simulator computes (in
+    :func:`simulator.costs.op_cost`); the fitted ``host_dispatch_s`` is written into ``launch``."""
+
+    base_hardware: str = Field(min_length=1, description="The spec the fit started from (bundled name or path)")
+    created_utc: str = Field(min_length=1, description="When the fit ran, ISO 8601 UTC")
+    tool: str = Field(min_length=1, description="What wrote the file (pytest-oam and simulator versions)")
+    profiles: list[CalibratedProfile] = Field(min_length=1)
+    min_kernels: PositiveInt = Field(description="Fewest kernels of an op type for its scale to be fitted")
+    op_time_scale: dict[str, OpTimeScale] = Field(description="Simulator op type -> its time scale")
+    host_dispatch_s_before: float = Field(ge=0, description="The base spec's launch.host_dispatch_s")
+    host_dispatch_s_fitted: float | None = Field(
+        ge=0, description="Median start-to-start interval of consecutive compute-stream kernels with the device idle "
+        "between them and no collective ending in the gap; None: no such pair, the base's value is kept")
+    kernels: NonNegativeInt = Field(description="Kernels re-costed over all profiles")
+    median_abs_error_frac_before: float = Field(ge=0, description="Median |error| per kernel on the base spec")
+    median_abs_error_frac_after: float = Field(ge=0, description="The same on this spec")
+
+    def time_scale(self, op_type: str) -> float:
+        """The fitted time scale of ``op_type`` (1.0 for op types the calibration did not see)."""
+        found = self.op_time_scale.get(op_type)
+        return 1.0 if found is None else found.time_scale
 
 
 class HardwareSpec(BaseModel):
@@ -222,6 +289,9 @@ class HardwareSpec(BaseModel):
     profiler: ProfilerSpec
     workspace: WorkspaceSpec | None = Field(
         default=None, description="Operator workspaces; None (specs before simulator 0.6.0): not modelled")
+    calibration: CalibrationSpec | None = Field(
+        default=None, description="Fitted to real profiles by oam calibrate, with their provenance; None (the "
+        "bundled specs): not calibrated")
 
     def peak_cube_flop_per_s(self, dtype: str) -> float:
         """Peak Cube unit rate in FLOP/s (2 FLOP per MAC) for ``dtype``.
@@ -260,19 +330,93 @@ def _hardware_dir():
 
 
 def list_hardware() -> list[str]:
-    """Names of the bundled hardware specs, e.g. ``["ascend910", "ascend910b"]``."""
+    """Names of the bundled hardware specs, e.g. ``["ascend910", "ascend910b", "ascend910b4"]``."""
     return sorted(p.name[: -len(".json")] for p in _hardware_dir().iterdir() if p.name.endswith(".json"))
 
 
-@functools.cache
-def load_hardware(name: str) -> HardwareSpec:
-    """Load the bundled spec called ``name``.
+class HardwareFileError(ValueError):
+    """A hardware file that cannot be used; the one-line message names the file (and the field)."""
+
+
+#: Specs read from files (:func:`load_hardware_file`) by their ``name``, so that a run's profile,
+#: which names its hardware, finds its spec again in the same process (the gate's rules do).
+_FILE_SPECS: dict[str, HardwareSpec] = {}
+_FILE_CACHE: dict[tuple[str, int, int], HardwareSpec] = {}
+
+
+def is_hardware_path(name: str | os.PathLike) -> bool:
+    """Whether ``name`` names a file rather than a bundled spec: a path object, or text ending
+    in ``.json`` or holding a path separator (bundled names have neither)."""
+    if not isinstance(name, str):
+        return isinstance(name, os.PathLike)
+    return name.lower().endswith(".json") or "/" in name or os.sep in name
+
+
+def load_hardware_file(path: str | os.PathLike) -> HardwareSpec:
+    """Read a hardware file of the bundled files' schema (e.g. one ``oam calibrate`` wrote).
+
+    The spec is then also found by its ``name`` (:func:`load_hardware`) in this process.
 
     Raises:
-        ValueError: ``name`` is not a bundled hardware spec (the message lists the known ones).
+        HardwareFileError: no such file, unreadable, not JSON, not the schema (naming the first
+            field at fault), or a ``name`` that is a bundled spec's.
     """
+    where = os.fspath(path)
+    try:
+        stat = os.stat(where)
+        key = (os.path.realpath(where), stat.st_mtime_ns, stat.st_size)
+        if key in _FILE_CACHE:
+            spec = _FILE_CACHE[key]
+        else:
+            with open(where, encoding="utf-8") as handle:
+                data = json.load(handle)
+            spec = HardwareSpec.model_validate(data)
+            _FILE_CACHE[key] = spec
+    except FileNotFoundError:
+        raise HardwareFileError(f"{where}: no such hardware file") from None
+    except IsADirectoryError:
+        raise HardwareFileError(f"{where}: is a folder, not a hardware file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HardwareFileError(f"{where}: cannot read it: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise HardwareFileError(f"{where}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(the top level)"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise HardwareFileError(f"{where}: field {field}: {first['msg']}{more}; not a hardware file of "
+                                "simulator/hardware/*.json's schema") from None
+    if spec.name in list_hardware():
+        raise HardwareFileError(f"{where}: field name: {spec.name!r} is a bundled spec's name; give the file's spec "
+                                "its own name, so its runs are not compared with the bundled spec's")
+    _FILE_SPECS[spec.name] = spec
+    return spec
+
+
+def load_hardware(name: str | os.PathLike) -> HardwareSpec:
+    """The spec called ``name``: a bundled spec, a path to a hardware file
+    (:func:`is_hardware_path`, :func:`load_hardware_file`), or the name of a file's spec read
+    before in this process.
+
+    Raises:
+        ValueError: ``name`` is not a bundled hardware spec (the message lists the known ones);
+            :class:`HardwareFileError` for a file that cannot be used.
+    """
+    if is_hardware_path(name):
+        return load_hardware_file(name)
+    return _load_named(name)
+
+
+def _load_named(name: str) -> HardwareSpec:
+    found = _FILE_SPECS.get(name)  # never a bundled name (load_hardware_file refuses those)
+    return found if found is not None else _load_bundled(name)
+
+
+@functools.cache
+def _load_bundled(name: str) -> HardwareSpec:
     known = list_hardware()
     if name not in known:
-        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(known)}")
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(known)}, or a path to a hardware file "
+                         "(e.g. ./my-910b.json from oam calibrate)")
     text = (_hardware_dir() / f"{name}.json").read_text(encoding="utf-8")
     return HardwareSpec.model_validate(json.loads(text))

@@ -105,7 +105,7 @@ def test_the_millisecond_fields_of_a_regression_still_work_but_are_deprecated() 
         (lambda: oam.ProfileBaseline.create(model="llama-7b", dataset="c4"), ValueError,
          r"unknown dataset 'c4'; known: wikitext-103"),
         (lambda: oam.ProfileBaseline.create(model="llama-7b", hardware="H100 x 8"), ValueError,
-         (r"unknown hardware 'H100 x 8'; known: ascend910, ascend910b, each optionally with a card count, "
+         (r"unknown hardware 'H100 x 8'; known: ascend910, ascend910b, ascend910b4, each optionally with a card count, "
          r"e.g. 'Ascend 910 x 8'")),
         (lambda: oam.collect_profile(model="bert"), ValueError, r"unknown model 'bert'"),
         (lambda: oam.compare_profiles(None, None, regression_threshold=-0.05), ThresholdError,

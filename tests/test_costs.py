@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from simulator.costs import VECTOR_PROFILES, OpSpec, conv_output_hw, op_cost, pipelined_time_s
 from simulator.hardware import load_hardware
 
-HARDWARE = ["ascend910", "ascend910b"]
+HARDWARE = ["ascend910", "ascend910b", "ascend910b4"]
 A910 = load_hardware("ascend910")
 
 

@@ -133,7 +133,7 @@ def test_no_baseline_passes_with_notice(pytester) -> None:
 @pytest.mark.parametrize(
     ("args", "ini", "needle"),
     [
-        (["--oam-hardware", "ascend999"], None, "--oam-hardware: unknown hardware 'ascend999'*known: ascend910, ascend910b"),
+        (["--oam-hardware", "ascend999"], None, "--oam-hardware: unknown hardware 'ascend999'*known: ascend910, ascend910b, ascend910b4"),
         (["--oam-threshold", "abc"], None, "--oam-threshold: threshold 'abc' is not of the form OP=LIMIT*"),
         (["--oam-threshold", "MatMul=abc"], None, "--oam-threshold: limit 'abc' is not a percentage*"),
         (["--oam-threshold", "MatMul=-3%"], None, "--oam-threshold: limit '-3%' is negative"),

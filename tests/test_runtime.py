@@ -165,7 +165,7 @@ def test_broadcasting_follows_numpy_rules() -> None:
 
 
 def test_bad_run_arguments() -> None:
-    with pytest.raises(ValueError, match="unknown hardware 'ascend999'; known: ascend910, ascend910b"):
+    with pytest.raises(ValueError, match="unknown hardware 'ascend999'; known: ascend910, ascend910b, ascend910b4"):
         simulator.run(two_ops, hardware="ascend999")
     with pytest.raises(ValueError, match="steps must be a positive integer, got 0"):
         simulator.run(two_ops, steps=0)

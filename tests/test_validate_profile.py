@@ -79,9 +79,14 @@ def test_the_hardware_is_inferred_from_block_dims_and_cycles(replayed) -> None:
     # aic_total_cycles / aicore_time(us) / Block Dim = 1650 cycles per us in every row
     assert (check["ai_cores_used"], check["vector_cores_used"]) == (20, 40)
     assert check["clock_hz"] == pytest.approx(1.65e9, rel=1e-3)
-    # the closest bundled spec: ascend910b (24 + 48 cores, |24-20| + |48-40| = 12) before
-    # ascend910 (32 + 32, 12 + 8 = 20); it is not the same bin (the 910B2's 1800 MHz)
-    assert check["spec"] == replayed[1]["hardware"] == "ascend910b" and check["matches"] is False
+    # the closest bundled spec: ascend910b4 (20 + 40 cores: distance 0, and its 1650 MHz) before
+    # ascend910b (24 + 48, |24-20| + |48-40| = 12) and ascend910 (32 + 32, 12 + 8 = 20)
+    assert check["spec"] == replayed[1]["hardware"] == "ascend910b4" and check["matches"] is True
+
+
+def test_the_910b2_spec_does_not_fit_the_llm_profile() -> None:
+    check = replay_profile(LLM, "ascend910b").hardware_check
+    assert (check.spec_ai_cores, check.spec_clock_hz) == (24, 1.8e9) and check.matches is False
 
 
 def test_the_alexnet_profile_ran_on_the_bundled_910b2(capsys) -> None:
@@ -97,7 +102,7 @@ def test_the_alexnet_profile_ran_on_the_bundled_910b2(capsys) -> None:
 def test_text_report(capsys) -> None:
     main(["validate", "--profile", str(LLM)])
     out = capsys.readouterr().out
-    assert "2,463 device kernels re-costed on ascend910b" in out
+    assert "2,463 device kernels re-costed on ascend910b4" in out
     assert "hardware: the kernels fill 20 AI Cores and 40 Vector cores at 1650 MHz" in out
     (matmul,) = [line for line in out.splitlines() if line.startswith("MatMul ")]
     assert matmul.split()[1] == "336"

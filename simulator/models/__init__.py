@@ -5,6 +5,7 @@ from .llama import (
     LLAMA2_7B,
     LLAMA2_13B,
     LLAMA2_70B,
+    QWEN3_0_6B,
     RECOMPUTE_MODES,
     LlamaConfig,
     MemoryEstimate,
@@ -15,6 +16,6 @@ from .llama import (
 )
 
 __all__ = [
-    "LLAMA2_7B", "LLAMA2_13B", "LLAMA2_70B", "RECOMPUTE_MODES", "LlamaConfig", "MemoryEstimate", "ParallelLayout",
+    "LLAMA2_7B", "LLAMA2_13B", "LLAMA2_70B", "QWEN3_0_6B", "RECOMPUTE_MODES", "LlamaConfig", "MemoryEstimate", "ParallelLayout",
     "memory_estimates", "memory_per_card_bytes", "pipeline_plan", "training_step",
 ]

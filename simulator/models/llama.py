@@ -40,7 +40,7 @@ from ..hardware import HardwareSpec
 from ..runtime import NPU, Tensor
 from . import pipeline
 from .layout import ParallelLayout
-from .llama_config import LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LlamaConfig
+from .llama_config import LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, QWEN3_0_6B, LlamaConfig
 from .llama_memory import (
     MASTER_STATES_PER_PARAM,
     RECOMPUTE_MODES,
@@ -51,7 +51,7 @@ from .llama_memory import (
 )
 
 __all__ = [
-    "LLAMA2_7B", "LLAMA2_13B", "LLAMA2_70B", "RECOMPUTE_MODES", "TRAINING_DTYPES", "LlamaConfig", "MemoryEstimate",
+    "LLAMA2_7B", "LLAMA2_13B", "LLAMA2_70B", "QWEN3_0_6B", "RECOMPUTE_MODES", "TRAINING_DTYPES", "LlamaConfig", "MemoryEstimate",
     "ParallelLayout", "memory_estimates", "memory_per_card_bytes", "pipeline_plan", "training_step",
 ]
 
@@ -74,6 +74,7 @@ def training_step(
     overlap_grad_reduce: bool = True,
     grad_bucket_params: int | None = None,
     recompute: str | None = None,
+    grad_dtype: str | None = None,
 ) -> None:
     """One training step (forward, backward, AdamW) of ``config`` on rank 0 of ``npu.devices``.
 
@@ -109,6 +110,15 @@ def training_step(
     stage (the last one's LM head and loss) shows as longer waits in stage 0's receives. After
     the pipeline every stage reduces its gradients and steps its optimizer over parameter counts
     that differ by the final norm only, so stage 0 finishes last and its step is the job's.
+
+    ``grad_dtype`` (default ``dtype``): the dtype the data-parallel gradient collectives carry;
+    Megatron-LM with ``--bf16`` accumulates and reduces gradients in fp32
+    (``accumulate_allreduce_grads_in_fp32``, set by its ``arguments.py`` for bf16). A config with
+    ``tie_word_embeddings`` under pipeline parallelism all-reduces the embedding's gradient between
+    the first and last stages after the data-parallel reduction (Megatron's
+    ``_allreduce_word_embedding_grads``), blocking. Each pipeline transfer is followed by a device
+    synchronisation (Megatron's ``batch_p2p_sync``, on by default): the host waits for it, so the
+    kernels after it start at the host's pace.
 
     Raises:
         ValueError: ``dtype`` is not one of :data:`TRAINING_DTYPES`, ``recompute`` is not one of
@@ -152,7 +162,7 @@ def training_step(
         raise ValueError(f"grad_bucket_params must be a positive integer, got {grad_bucket_params!r}")
     if npu not in _PERSISTENT:  # without memory modelling too: they count in the NPU's live bytes
         _PERSISTENT[npu] = _Persistent(npu, stage_params(config, layout, 0), dtype, layout)
-    grads = _GradReducer(npu, layout, dtype, grad_bucket_params if overlap_grad_reduce else None)
+    grads = _GradReducer(npu, layout, grad_dtype or dtype, grad_bucket_params if overlap_grad_reduce else None)
     fa = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True}
 
     if pp == 1:
@@ -168,6 +178,9 @@ def training_step(
 
     # ---- optimizer: over the shard ZeRO gives this card, once every gradient bucket is reduced
     grads.finish()
+    if config.tie_word_embeddings and pp > 1:  # the first and last stages' copies of the embedding
+        npu.all_reduce(Tensor((config.vocab_size // t * config.hidden_size,), grad_dtype or dtype),
+                       ranks=(0, layout.stage_rank(pp - 1)), name="embed_tokens.grad.tied_allreduce")
     params_local = grads.total_params
     if dp > 1 and layout.zero_stage >= 1:
         padded = -(-params_local // dp) * dp
@@ -260,8 +273,10 @@ def _plan(hw: HardwareSpec, config: LlamaConfig, layout: ParallelLayout, batch_s
         if kind not in timed:
             scratch = _NPU(hw, layout.devices)
             model = _chunk_model(config, layout, batch_size, seq_len, dtype, fa, recompute, stage, p.chunk)
+            scratch.device_synchronize()  # each pass follows a transfer and its synchronisation
             model.forward(scratch)
             forward_s = scratch.clock_s
+            scratch.device_synchronize()
             model.backward(scratch, None)
             timed[kind] = (forward_s, scratch.clock_s - forward_s)
         return timed[kind][0 if p.kind == pipeline.FORWARD else 1]
@@ -296,7 +311,11 @@ def _run_pipeline(npu: NPU, config: LlamaConfig, layout: ParallelLayout, batch_s
         """When the sender of ``p``'s input sends, from stage 0's ``origin`` that began its chain."""
         return done_s[origin] + planned[p].ready_s - planned[origin].end_s
 
-    for p in pipeline.stage_order(0, pp, chunks, micro):
+    npu.device_synchronize()  # every pass starts synchronised, as the plan times them (the first too)
+    order = pipeline.stage_order(0, pp, chunks, micro)
+    for i, p in enumerate(order):
+        # a send followed by the next pass's receive is one batched transfer, one synchronisation
+        receives_next = i + 1 < len(order) and (order[i + 1].kind == pipeline.BACKWARD or order[i + 1].chunk > 0)
         c, mb = p.chunk, p.micro_batch
         model, tag, virtual = models[c], f"mb{mb}.", c * pp
         if p.kind == pipeline.FORWARD:
@@ -304,16 +323,23 @@ def _run_pipeline(npu: NPU, config: LlamaConfig, layout: ParallelLayout, batch_s
             if virtual > 0:  # the activations of the previous chunk, from the last stage
                 origin = pipeline.Pass(pipeline.FORWARD, c - 1, mb)
                 received = npu.recv(boundary, prev_rank, ready_s=ready_s(p, origin), name=label("recv_activation", p))
+                npu.device_synchronize()  # Megatron's batch_p2p_sync
             model.forward(npu, tag=tag, hidden=received)
             del received
             npu.send(boundary, next_rank, name=label("send_activation", p))
+            if not receives_next:
+                npu.device_synchronize()
         else:
             origin = (pipeline.Pass(pipeline.FORWARD, c, mb) if c == chunks - 1
                       else pipeline.Pass(pipeline.BACKWARD, c + 1, mb))
-            model.backward(npu, grads if mb == micro - 1 else None, tag=tag,
-                           dy=npu.recv(boundary, next_rank, ready_s=ready_s(p, origin), name=label("recv_grad", p)))
+            dy = npu.recv(boundary, next_rank, ready_s=ready_s(p, origin), name=label("recv_grad", p))
+            npu.device_synchronize()
+            model.backward(npu, grads if mb == micro - 1 else None, tag=tag, dy=dy)
+            del dy
             if virtual > 0:
                 npu.send(boundary, prev_rank, name=label("send_grad", p))
+                if not receives_next:
+                    npu.device_synchronize()
         done_s[p] = npu.clock_s
 
 
@@ -353,7 +379,9 @@ class _Stage:
         self.act = Tensor((self.tokens, self.ffn), dtype)
         self.saved: dict[str, list[list[Tensor]]] = {}  # per micro-batch: each layer's saved tensors
         self.logits: dict[str, Tensor] = {}  # per micro-batch
-        self.layer_params = h * self.qkv_width + self.heads * d * h + 3 * h * self.ffn + 2 * h
+        self.qk_norm = config.qk_norm
+        self.layer_params = (h * self.qkv_width + self.heads * d * h + 3 * h * self.ffn + 2 * h
+                             + (2 * d if self.qk_norm else 0))
         self.zero3 = _Zero3(layout, dtype, self) if layout.zero_stage == 3 and layout.data_parallel > 1 else None
 
     def w(self, *shape: int) -> Tensor:
@@ -419,6 +447,9 @@ class _Stage:
         gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.attn.sp_all_gather") if sp else None
         save(npu.matmul(x, self.w_qkv, name=f"{p}.attn.qkv_proj"))
         del gathered
+        if self.qk_norm:  # Qwen3: RMSNorm over each query and key head
+            save(npu.rms_norm(Tensor((tokens * heads, d), dtype), self.w(d), name=f"{p}.attn.q_norm"))
+            save(npu.rms_norm(Tensor((tokens * kv_heads, d), dtype), self.w(d), name=f"{p}.attn.k_norm"))
         save(npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary"))
         save(npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.attn.core", **fa))
         out = npu.matmul(Tensor((tokens, heads * d), dtype), self.w_o, name=f"{p}.attn.o_proj")
@@ -523,6 +554,10 @@ class _Stage:
             del g, core_out
             g = npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
             del dq_dk_dv
+            if self.qk_norm:
+                for rows, norm in ((tokens * heads, "q_norm"), (tokens * kv_heads, "k_norm")):
+                    head = Tensor((rows, d), dtype)
+                    npu.rms_norm_grad(head, head, self.w(d), name=f"{p}.attn.{norm}.grad")
             regather = npu.all_gather(xs, ranks=tp_ranks, async_op=True,
                                       name=f"{p}.attn.qkv_proj.sp_all_gather.grad") if sp else None
             g = npu.matmul(qkv_grad, self.w_qkv, transpose_b=True, name=f"{p}.attn.qkv_proj.grad_input")

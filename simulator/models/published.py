@@ -1,4 +1,4 @@
-"""Parallel layouts of published Llama-2 training runs: ``simulator/data/published_layouts.json``.
+"""Parallel layouts of published Llama-family training runs: ``simulator/data/published_layouts.json``.
 
 Each entry is a run's launch configuration as its source sets it (tensor, pipeline and virtual
 pipeline sizes, sequence parallelism, distributed optimizer, recompute, micro and global batch),
@@ -17,12 +17,21 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from .layout import ParallelLayout
-from .llama_config import LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LlamaConfig
+from .llama_config import (
+    LLAMA2_7B,
+    LLAMA2_13B,
+    LLAMA2_70B,
+    LLAMA3_8B,
+    QWEN2_7B,
+    QWEN2_72B,
+    LlamaConfig,
+)
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 #: The models the entries name.
-MODELS: dict[str, LlamaConfig] = {c.name: c for c in (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B)}
+MODELS: dict[str, LlamaConfig] = {
+    c.name: c for c in (LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, LLAMA3_8B, QWEN2_7B, QWEN2_72B)}
 
 
 class PublishedLayout(BaseModel):
@@ -30,7 +39,7 @@ class PublishedLayout(BaseModel):
 
     model_config = _STRICT
     id: str = Field(min_length=1)
-    model: Literal["llama-2-7b", "llama-2-13b", "llama-2-70b"]
+    model: str = Field(description="a key of MODELS")
     hardware: str
     devices: PositiveInt
     tensor_parallel: PositiveInt
@@ -47,6 +56,8 @@ class PublishedLayout(BaseModel):
 
     @model_validator(mode="after")
     def _sizes_divide(self) -> PublishedLayout:
+        if self.model not in MODELS:
+            raise ValueError(f"layout {self.id}: unknown model {self.model!r}; known: {', '.join(MODELS)}")
         model_parallel = self.tensor_parallel * self.pipeline_parallel
         if self.devices % model_parallel:
             raise ValueError(f"layout {self.id}: tp x pp = {model_parallel} does not divide {self.devices} devices")

@@ -444,6 +444,11 @@ class NPU(CubeOps, VectorOps, HcclOps):
         """Block the compute stream until every collective issued so far is done."""
         self._timeline.synchronize()
 
+    def device_synchronize(self) -> None:
+        """``torch.npu.synchronize()``: as :meth:`synchronize`, and the host waits for the device,
+        so the next kernel is issued once the device is idle (``launch.host_dispatch_s`` after)."""
+        self._timeline.device_synchronize()
+
     @property
     def clock_s(self) -> float:
         """The compute stream's clock: when the next compute op can start, in seconds."""
@@ -504,7 +509,9 @@ def run(
     Args:
         workload: the user function; it calls operators on ``npu``.
         steps: training or inference steps to run (>= 1).
-        hardware: a bundled spec name (see :func:`simulator.list_hardware`) or a spec.
+        hardware: a bundled spec name (see :func:`simulator.list_hardware`), a hardware file's
+            path (``"./my-910b.json"``, e.g. from ``oam calibrate``; relative to the current
+            folder) or a spec.
         devices: cards in the job (one is simulated, all ranks alike): a count HCCL supports on
             the hardware's servers (1, 2, 4 or 8 cards in one 910 server, or whole servers).
         op_time_scale: fault injection, see :class:`NPU`; an op type the workload never ran

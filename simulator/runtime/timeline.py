@@ -177,6 +177,13 @@ class Timeline:
         if self.last_hccl is not None:
             self.wait_for(self.last_hccl, self.hccl_clock_s)
 
+    def device_synchronize(self) -> None:
+        """``torch.npu.synchronize()``: as :meth:`synchronize`, and the host waits for the device
+        too: the next kernel is issued ``launch.host_dispatch_s`` after the device is idle (the host's
+        lead is lost)."""
+        self.synchronize()
+        self.host_s = max(self.host_s, self.clock_s + self.hardware.launch.host_dispatch_s)
+
     def next_step(self) -> None:
         """Start the next step: a training step ends synchronised (the optimizer and the loss
         read finished tensors), and the host issues the step's first kernel as it starts."""
