@@ -27,9 +27,12 @@ PROPERTY = settings(max_examples=25, deadline=None, derandomize=True,
 
 @PROPERTY
 @given(shape=strategies.attention_shapes(batch=(1, 4), heads=(8, 32), seq=(4096, 16384), head_dims=(128,)))
-def test_flash_attention_reaches_35_percent_of_peak_on_910b(oam_profile, shape):
-    # Long sequences with 8+ heads keep all 24 AI Cores of the 910B2 busy.
-    oam_profile.assert_efficiency("FlashAttention", shape, at_least=0.35, hardware="ascend910b")
+def test_flash_attention_reaches_30_percent_of_peak_on_910b(oam_profile, shape):
+    # Long sequences with 8+ heads keep all 24 AI Cores of the 910B2 busy. 30%, not more: the
+    # split 910B hands every score block from the Cube to the Vector cores (the FixPipe stage of
+    # the cost model), and torch_npu's own FlashAttention reaches 27-43% of the 910B2's peak at
+    # S = 8K-32K (pto-isa FlashAttention README, simulator/validation/figures.json).
+    oam_profile.assert_efficiency("FlashAttention", shape, at_least=0.30, hardware="ascend910b")
 
 
 @PROPERTY

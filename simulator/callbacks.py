@@ -8,7 +8,9 @@ records reach it depends on the run's collection mode (``simulator.run(collectio
   the run, in issue order. Timing is not perturbed.
 - ``"online"``: each record is delivered while the run goes (once the op is final, i.e. when
   the next op is issued or the step ends), and the run is charged the hardware's
-  ``profiler.online_callback_overhead_s`` per op, as a gap in the timeline after the op.
+  ``profiler.online_callback_overhead_s`` per op, as host time after the op: it delays the host's
+  next kernel issue, so it shows in the step when the run is host-bound (kernels shorter than
+  ``launch.host_dispatch_s`` plus the overhead) and is hidden while the device is the busier.
 """
 
 from __future__ import annotations

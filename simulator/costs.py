@@ -146,6 +146,7 @@ class _Kernel:
     flop: float
     kernel_count: int = 1
     mix: bool = False  # runs the Cube and Vector units in one kernel (its own launch floor)
+    fixpipe_s_per_block: float = 0.0  # Cube core's FixPipe (L0C -> GM) time: the split chip's hand-off
 
 
 def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
@@ -167,7 +168,7 @@ def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
     mte_s = transfer_s + waves * k.dma_per_block * hw.dma.mte_startup_latency_s
     cube_s = waves * k.cube_s_per_block
     vector_s = waves * k.vector_s_per_block
-    parts = (cube_s, vector_s, mte_s)
+    parts = (cube_s, vector_s, mte_s) + ((waves * k.fixpipe_s_per_block,) if k.fixpipe_s_per_block else ())
     busy_s = pipelined_time_s(parts, k.stages, waves * k.iterations)
     floor_s = hw.launch.mix_kernel_launch_latency_s if k.mix else hw.launch.kernel_launch_latency_s
     launch_s = floor_s * k.kernel_count
@@ -431,6 +432,21 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
         unique += b * h * 4 * s_q * s_kv * elt * (kv_per_q / kv_blocks)
         dma_per_block += 4 * math.ceil(pairs_per_block)
         kernel_count = 3
+    # The split 910B's hand-off (fused kernel only): its Cube and Vector cores share no buffer,
+    # so every score block the Cube makes leaves L0C for global memory through the Cube core's
+    # FixPipe, for the Vector cores to read. Forward, per (Q, K/V) block pair: S = QK^T (fp32)
+    # and the PV partial output (block x D, fp32) the Vector cores rescale into O. Backward:
+    # S and dP = dO V^T (fp32), and the dQ, dK, dV partials (block x D each, fp32, added into
+    # global memory). The FixPipe is one more pipeline stage of the Cube core, double-buffered
+    # with the mmads like the others (CANN's FlashAttentionScore(Grad) on Atlas A2).
+    fixpipe_rate = hw.cube_unit.fixpipe_bytes_per_cycle_per_core
+    fixpipe_s = 0.0
+    if fusion and fixpipe_rate is not None:
+        # A sequence shorter than a block hands off only the rows and columns it has.
+        rows, cols = min(block, s_q), min(block, s_kv)
+        scores, partials = (2, 3) if backward else (1, 1)
+        handoff_bytes = (scores * rows * cols + partials * rows * d) * ACCUMULATOR_BYTES
+        fixpipe_s = pairs_per_block * handoff_bytes / (fixpipe_rate * hw.ai_core.clock_hz)
     # K/V of the heads in flight stay in L2 when they fit.
     heads_in_flight = max(1, min(b * h, hw.ai_core.count) // max(1, q_blocks))
     if heads_in_flight * head_kv <= hw.memory.l2_bytes:
@@ -455,6 +471,7 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
         flop=flop,
         kernel_count=kernel_count,
         mix=fusion,
+        fixpipe_s_per_block=fixpipe_s,
     )
     return _run_kernel(kernel, hw, hw.ai_core.count)
 

@@ -36,6 +36,11 @@ class CubeUnitSpec(_Group):
     fractal_k: PositiveInt
     fractal_n: PositiveInt
     efficiency_frac: float = Field(gt=0, le=1, description="Attainable share of peak (estimate)")
+    fixpipe_bytes_per_cycle_per_core: PositiveFloat | None = Field(
+        default=None, description="Bytes per cycle one Cube core's FixPipe moves from L0C to global memory: "
+        "the hand-off of every score block to the Vector cores of a split Cube/Vector chip (the 910B's "
+        "cube_vector_combine=split); None (the 910A, whose Vector unit reads L0C in the same core): no "
+        "hand-off is charged")
 
 
 class VectorUnitSpec(_Group):
@@ -215,7 +220,8 @@ class ProfilerSpec(_Group):
 
     online_callback_overhead_s: float = Field(
         ge=0, description="Host time per op when op records are delivered to callbacks while the run goes "
-        "(online collection); a gap in the timeline after each op")
+        "(online collection); it delays the host's next kernel issue (added to launch.host_dispatch_s), so it "
+        "shows in a step only when the host is the bottleneck")
     profiled_host_dispatch_s: float | None = Field(
         default=None, ge=0,
         description="Host time to issue one kernel from eager torch_npu while torch_npu's profiler records "

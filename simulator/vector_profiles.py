@@ -35,6 +35,11 @@ VECTOR_PROFILES: dict[str, VectorProfile] = {
     "Cast": VectorProfile(1, 1, {"cast": 1}),
     "SiLU": VectorProfile(1, 1, {"exp": 1, "add": 1, "div": 1, "mul": 1}, "fp32"),
     "SiLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 2, "div": 1, "mul": 3}, "fp32"),
+    # torch_npu's fused SwiGLU (npu_swiglu; MindSpeed-LLM's --use-fused-swiglu), counted per element
+    # of its (rows, 2 f) input: silu of the gate half times the up half, f outputs; its grad per
+    # element of dy (rows, f): reads dy and the (rows, 2 f) input, writes the (rows, 2 f) gradient
+    "SwiGlu": VectorProfile(1, 0.5, {"exp": 0.5, "add": 0.5, "div": 0.5, "mul": 1}, "fp32"),
+    "SwiGluGrad": VectorProfile(3, 2, {"exp": 1, "add": 2, "div": 1, "mul": 5}, "fp32"),
     "GeLU": VectorProfile(1, 1, {"exp": 1, "add": 2, "div": 1, "mul": 4}, "fp32"),
     "GeLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 3, "div": 1, "mul": 6}, "fp32"),
     "Softmax": VectorProfile(1, 1, {"max": 1, "add": 1, "exp": 1, "reduce": 1, "div": 1}, "fp32"),

@@ -11,7 +11,7 @@ from pytest_oam.report import OamReport
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Example tests that check performance properties over shapes and profile nothing for the gate.
-SHAPE_PROPERTY_TESTS = ("test_flash_attention_reaches_35_percent_of_peak_on_910b",
+SHAPE_PROPERTY_TESTS = ("test_flash_attention_reaches_30_percent_of_peak_on_910b",
                         "test_large_matmuls_stay_near_their_aligned_shape_class")
 
 

@@ -53,7 +53,7 @@ def test_a_published_layout_is_accepted_and_fits_its_card(entry) -> None:
     hw = load_hardware(entry.hardware)
     capacity = hw.memory.hbm_capacity_bytes
     estimates = memory_estimates(entry.config, entry.parallel_layout(), entry.micro_batch_size, entry.seq_len,
-                                 recompute=entry.recompute, dtype=entry.dtype, hardware=hw)
+                                 recompute=entry.recompute, dtype=entry.dtype, hardware=hw, framework=entry.framework)
     assert len(estimates) == entry.pipeline_parallel
     assert all(e.total_bytes < capacity for e in estimates)
     # Simulate fewer micro-batches than published (1,024 for the 70B run): with pipelining twice
@@ -63,7 +63,8 @@ def test_a_published_layout_is_accepted_and_fits_its_card(entry) -> None:
     if pp > 1:
         assert (max_in_flight(0, pp, chunks, simulated) == max_in_flight(0, pp, chunks, entry.micro_batches))
     assert memory_estimates(entry.config, entry.parallel_layout(simulated), entry.micro_batch_size, entry.seq_len,
-                            recompute=entry.recompute, dtype=entry.dtype, hardware=hw) == estimates
+                            recompute=entry.recompute, dtype=entry.dtype, hardware=hw,
+                            framework=entry.framework) == estimates
     profile = simulator.run(training_step, entry.config, memory=True, **entry.run_kwargs(simulated))
     assert _peak(profile) + estimates[0].hccl_buffer_bytes < capacity
     assert estimates[0].tensor_bytes == pytest.approx(_peak(profile), rel=ESTIMATE_TOLERANCE_FRAC)
@@ -323,3 +324,38 @@ def test_sequence_parallelism_never_raises_activation_memory(tp, dp_exp, seq_len
                                 recompute=recompute)[0]
 
     assert estimate(True).activations_bytes < estimate(False).activations_bytes
+
+
+# -- framework kernels (issue 23) ----------------------------------------------------------------
+
+
+def test_megatron_framework_adds_the_kernels_the_real_profile_shows() -> None:
+    # Megatron / MindSpeed-LLM on torch_npu (tests/data/realdata/ascend-msinsight-llm-pp2dp2-level2-rank0):
+    # per weight gradient an fp32 main-gradient Add of the weight's size (--no-gradient-accumulation-fusion),
+    # fused SwiGlu / SwiGluGrad, RoPE's Cos and Sin for q and for k, the q/k/v split and the grad concat
+    run = {"devices": 2, "seq_len": 512, "hardware": "ascend910b", "dtype": "bf16", "layout": ParallelLayout(1, 2)}
+    ideal = simulator.run(training_step, TINY, **run)
+    megatron = simulator.run(training_step, TINY, framework="megatron", **run)
+    names = {op.name: op for op in megatron.ops}
+    assert "layers.0.mlp.down_proj.main_grad_add" in names and not any("main_grad" in op.name for op in ideal.ops)
+    # down_proj weight (688 x 256): fp32 main gradient + bf16 gradient, written in fp32
+    assert names["layers.0.mlp.down_proj.main_grad_add"].input_shapes[0] == [688, 256]
+    layers = TINY.num_layers
+    assert len(megatron.ops_of("SwiGlu")) == len(megatron.ops_of("SwiGluGrad")) == layers
+    assert not megatron.ops_of("SiLU") and len(ideal.ops_of("SiLU")) == layers
+    assert len(megatron.ops_of("Cos")) == len(megatron.ops_of("Sin")) == 2 * layers  # q and k
+    assert len(megatron.ops_of("ConcatD")) == layers
+    assert {"grads.zero_grad_buffer", "optimizer.grad_norm", "optimizer.clip_grad", "optimizer.params_cast"} <= set(names)
+    assert megatron.step_time_s > ideal.step_time_s
+
+
+def test_published_megatron_layouts_run_the_framework_kernels() -> None:
+    # every MindSpeed-LLM / ModelLink launch script sets --no-gradient-accumulation-fusion; MindFormers is MindSpore
+    for entry in load_published_layouts():
+        expected = "ideal" if entry.id.startswith("mindformers") else "megatron"
+        assert entry.run_kwargs()["framework"] == expected, entry.id
+
+
+def test_an_unknown_framework_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="llama-2-7b: framework='deepspeed' is not one of 'ideal', 'megatron'"):
+        simulator.run(training_step, LLAMA2_7B, devices=8, framework="deepspeed")

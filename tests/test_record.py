@@ -233,13 +233,48 @@ def test_online_callbacks_see_each_op_during_the_run_and_cost_a_documented_overh
     # a record is delivered once final: when the next op is issued, or at the end of the step
     assert events == ["issue MatMul", "issue Add", "cb MatMul", "issue Mul", "cb Add", "done"] * 2
     offline = simulator.run(_two_ops, [], steps=2)
-    overhead_s = load_hardware("ascend910").profiler.online_callback_overhead_s
+    hw = load_hardware("ascend910")
+    overhead_s = hw.profiler.online_callback_overhead_s
     assert overhead_s > 0
-    # three ops per step, each followed by the overhead (the last one's gap ends the step)
+    # The callbacks run on the host, in the process that issues the kernels: each op's overhead
+    # delays the host's next issue (simulator/runtime/timeline.py, Timeline.finish), not the
+    # device. These 1024 x 1024 kernels (~10 us each) are shorter than the host's interval
+    # (launch.host_dispatch_s = 20 us), so the run is host-bound: the ops start every
+    # 20 + 5 us instead of every 20 us, and a step (first start to last end) is two intervals
+    # longer (the last op's overhead falls after the step's end).
+    assert max(op.duration_s for op in offline.ops) < hw.launch.host_dispatch_s
     for online_s, offline_s in zip(profile.step_times_s, offline.step_times_s):
         assert online_s == pytest.approx(offline_s + 2 * overhead_s, rel=1e-9)
+    assert [op.start_s for op in profile.ops[:3]] == pytest.approx(
+        [0.0, hw.launch.host_dispatch_s + overhead_s, 2 * (hw.launch.host_dispatch_s + overhead_s)])
     assert [op.duration_s for op in profile.ops] == [op.duration_s for op in offline.ops]
+    # re-costing the online profile on the same card charges the overhead the same way
+    assert recost(profile, "ascend910").step_times_s == pytest.approx(profile.step_times_s, rel=1e-12)
     assert profile.collection == "online"
+
+
+def _long_ops(npu, events: list) -> None:
+    a = npu.tensor((4096, 4096))
+    npu.matmul(a, a)
+    npu.add(a, a)
+    npu.mul(a, a)
+
+
+def test_online_callback_overhead_is_host_time_hidden_while_the_device_is_busy() -> None:
+    # Regression test (issue 23): the overhead was charged to the device's stream, so it showed
+    # in a device-bound step and hid behind the host in a host-bound one, the reverse of what a
+    # host-side callback does. Here every kernel is longer than the host's interval
+    # (launch.host_dispatch_s + online_callback_overhead_s = 25 us): the host runs ahead and
+    # the online run's timeline is the offline one.
+    hw = load_hardware("ascend910")
+    online = simulator.run(_long_ops, [], collection="online", steps=2)
+    offline = simulator.run(_long_ops, [], steps=2)
+    interval_s = hw.launch.host_dispatch_s + hw.profiler.online_callback_overhead_s
+    assert min(op.duration_s for op in offline.ops) > interval_s
+    assert [op.start_s for op in online.ops] == [op.start_s for op in offline.ops]
+    assert online.step_times_s == offline.step_times_s
+    # re-costed (a what-if on the same card), the online profile keeps the same model
+    assert recost(online, "ascend910").step_times_s == pytest.approx(online.step_times_s, rel=1e-12)
 
 
 def test_callback_by_op_name_and_removal() -> None:

@@ -58,19 +58,38 @@ def test_slow_op() -> None:
 
 
 def test_low_ai_core_utilization_and_memory_bound() -> None:
-    def work(npu):
-        npu.matmul(npu.tensor((64, 40)), npu.tensor((40, 32768)))  # K=40: padding; few, thin tiles
+    # Two workloads: with the device launch floor at 0.92 us (simulator 0.7.0; 11 us before) a
+    # thin K = 40 product over many tiles keeps its MTE2 pipe busy (writing C), so it is
+    # memory-bound but its cores do not idle; cores idle when the product has fewer tiles
+    # than AI Cores.
+    def few_tiles(npu):
+        a, b = npu.tensor((128, 40)), npu.tensor((40, 2048))
+        for _ in range(10):
+            npu.matmul(a, b)  # K=40: padding; 128 x 256 C tiles: 8 blocks for 32 AI Cores
 
-    found, _ = findings(work)
+    found, profile = findings(few_tiles)
     low = only(found, "low-ai-core-utilization")
     assert low.severity == "serious" and low.op_type == "MatMul"
-    assert low.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 1}")
+    assert low.location.endswith(f"{HERE}:{few_tiles.__code__.co_firstlineno + 3}")
+    # each call is ~2.7 us, under the rule's 20 us floor: the rule adds up the calls of one line
+    assert max(op.duration_s for op in profile.ops) < 20e-6 < sum(op.duration_s for op in profile.ops)
+    assert "only 8 blocks for 32 AI Cores: 24 of them idle" in low.description
     # K = 40 pads to 48 in the Cube, but the op waits for memory (writing C dominates): re-costed
     # with K aligned down to 32, its work would take no less time, so padding is not blamed
     assert "aligning it (K 40 -> 32) would save only 0.0 us per call by the cost model" in low.description
+
+    def wide(npu):
+        npu.matmul(npu.tensor((64, 40)), npu.tensor((40, 131072)))  # K=40, 512 thin tiles, one call
+
+    found, profile = findings(wide)
+    assert profile.ops[0].duration_s > 20e-6  # the memory-bound rule looks at single calls
     bound = only(found, "memory-bound")
     assert (bound.severity, bound.op_type) == ("serious", "MatMul") and "memory_bound" in bound.description
-    assert bound.location.endswith(f"{HERE}:{work.__code__.co_firstlineno + 1}")
+    assert bound.location.endswith(f"{HERE}:{wide.__code__.co_firstlineno + 1}")
+    # its MTE2 pipe is busy (mte2_ratio above the 0.8 threshold): no pipe idles, so the cores
+    # are not reported as underused
+    assert profile.ops[0].mte2_ratio > 0.8
+    assert "low-ai-core-utilization" not in {f.rule_id for f in found}
 
 
 def test_low_ai_core_utilization_gain_is_recosted_with_the_shape_aligned() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 import simulator
 from simulator import Profile, ShapeError
+from simulator.hardware import load_hardware
 from simulator.models import LLAMA2_7B, LLAMA2_70B, ParallelLayout, training_step
 from simulator.models.llama import memory_per_card_bytes
 from simulator.runtime import recost
@@ -21,8 +22,17 @@ def test_profile_views_and_json_round_trip() -> None:
     profile = simulator.run(two_ops, steps=3)
     assert profile.op_types == ["MatMul", "Add"]
     assert len(profile.ops) == 6 and [op.step for op in profile.ops] == [0, 0, 1, 1, 2, 2]
-    per_step = sum(op.duration_s for op in profile.ops if op.step == 0)
-    assert profile.step_time_s == pytest.approx(per_step)
+    # Eager dispatch: the host issues one kernel every launch.host_dispatch_s (20 us on
+    # ascend910); the 1024^3 fp16 MatMul takes ~10.7 us of device time, less than that, so the
+    # Add starts when the host issues it, not when the MatMul ends (simulator/runtime/timeline.py,
+    # dispatch). A step is its first op's start to its last op's end: 20 us + the Add.
+    matmul, add = profile.ops[0], profile.ops[1]
+    host_s = load_hardware(profile.hardware).launch.host_dispatch_s
+    assert matmul.start_s == 0.0 and matmul.duration_s < host_s
+    assert add.start_s == pytest.approx(host_s)
+    assert profile.step_time_s == pytest.approx(max(matmul.duration_s, host_s) + add.duration_s)
+    # each step starts when the last one ends (the host issues its first kernel then)
+    assert profile.ops[2].start_s == pytest.approx(add.start_s + add.duration_s)
     assert profile.op_time_s("MatMul") == pytest.approx(profile.ops[0].duration_s)
     assert profile.op_time_s("Nothing") == 0.0
     again = Profile.from_json(profile.to_json())

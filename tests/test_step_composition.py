@@ -69,10 +69,12 @@ def test_simulated_composition_against_the_profile():
     result = compare(LLM, "ascend910b4")
     s = result.simulated
     assert s.computing_s + s.communication_exposed_s + s.free_s == pytest.approx(s.step_s)
-    assert abs(result.error_frac["computing_s"]) <= 0.45
-    assert abs(result.error_frac["communication_exposed_s"]) <= 0.67
-    assert abs(result.error_frac["free_s"]) <= 0.75
-    assert not result.passed  # flip when the 20% target is reached
+    # simulator 0.8.0: computing -13.1%, exposed communication -43.5%, free +18.6% (issue 23's
+    # target: each within 20%; exposed communication is not there yet)
+    assert abs(result.error_frac["computing_s"]) <= 0.20
+    assert abs(result.error_frac["free_s"]) <= 0.20
+    assert abs(result.error_frac["communication_exposed_s"]) <= 0.50
+    assert not result.passed  # the report says FAIL while one part misses; flip when all three are within 20%
 
 
 def test_device_synchronize_costs_the_hosts_lead():

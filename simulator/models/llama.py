@@ -29,7 +29,8 @@ that layer's backward, the logits until the loss backward, and every other outpu
 soon as the next op has consumed it. With full recompute a layer saves its input only and runs
 its forward again right before its backward. Weight gradients are accumulated into the
 gradient buffer by the GEMM itself (Megatron's ``gradient_accumulation_fusion``), but the op's
-output here is still a temporary.
+output here is still a temporary; with ``framework="megatron"`` (Megatron's
+``--no-gradient-accumulation-fusion``) a separate fp32 ``Add`` per weight accumulates it, in place.
 """
 
 from __future__ import annotations
@@ -51,13 +52,17 @@ from .llama_memory import (
 )
 
 __all__ = [
-    "LLAMA2_7B", "LLAMA2_13B", "LLAMA2_70B", "QWEN3_0_6B", "RECOMPUTE_MODES", "TRAINING_DTYPES", "LlamaConfig", "MemoryEstimate",
+    "LLAMA2_7B", "LLAMA2_13B", "LLAMA2_70B", "QWEN3_0_6B", "FRAMEWORKS", "RECOMPUTE_MODES", "TRAINING_DTYPES", "LlamaConfig", "MemoryEstimate",
     "ParallelLayout", "memory_estimates", "memory_per_card_bytes", "pipeline_plan", "training_step",
 ]
 
 
 #: Compute dtypes :func:`training_step` trains in (bf16 needs a Cube unit with a bf16 rate: the 910B).
 TRAINING_DTYPES = ("fp16", "bf16")
+
+#: What :func:`training_step` takes as ``framework``: the model's math only, or with the kernels
+#: Megatron-LM / MindSpeed-LLM on torch_npu add around it.
+FRAMEWORKS = ("ideal", "megatron")
 
 
 def training_step(
@@ -75,6 +80,7 @@ def training_step(
     grad_bucket_params: int | None = None,
     recompute: str | None = None,
     grad_dtype: str | None = None,
+    framework: str = "ideal",
 ) -> None:
     """One training step (forward, backward, AdamW) of ``config`` on rank 0 of ``npu.devices``.
 
@@ -120,8 +126,27 @@ def training_step(
     synchronisation (Megatron's ``batch_p2p_sync``, on by default): the host waits for it, so the
     kernels after it start at the host's pace.
 
+    ``framework`` (one of :data:`FRAMEWORKS`): ``"ideal"`` emits the model's math only (fused
+    QKV split and RoPE, weight gradients accumulated by the GEMM). ``"megatron"`` adds the
+    framework kernels Megatron-LM / MindSpeed-LLM on torch_npu run around them, each seen in the
+    real profile ``tests/data/realdata/ascend-msinsight-llm-pp2dp2-level2-rank0`` (rows of
+    ``kernel_details.csv``) with shapes from the model's sizes: per layer forward, the q/k/v split
+    of the QKV projection (3 ``Slice`` copies, op type ``StridedSlice`` here), RoPE's cos and sin
+    recomputed in fp32 for q and for k on every call (``Cos``, ``Sin``, ``Mul`` by the attention
+    scaling, ``Cast`` to the compute dtype, ``(tokens, head_dim)`` each) and the rotated q and k
+    made contiguous (``TensorMove``, costed as a ``StridedSlice`` copy); backward, RoPE's grad
+    for q and k each with a ``ZerosLike`` (``Fill``) and an ``Add``, the q/k/v gradients
+    concatenated (``ConcatD``), and after every weight gradient its fp32 main-gradient
+    accumulation (``Add`` fp32 + compute dtype -> fp32 of the weight's size, norm weights' grads
+    ``Cast`` first): Megatron's ``--no-gradient-accumulation-fusion``, which the MindSpeed-LLM /
+    ModelLink launch scripts of ``simulator/data/published_layouts.json`` set. Per step: the fp32
+    gradient buffer zeroed (``ZerosLike`` of the stage's parameters), and around AdamW the
+    gradient-norm clipping (``--clip-grad``: an L2 norm, ``LpNormV2``, costed as a fp32
+    ``ReduceSum``, and a ``Mul`` over the card's fp32 gradient shard) and the fp32 master
+    weights cast back to the compute dtype (``Cast`` over the shard).
+
     Raises:
-        ValueError: ``dtype`` is not one of :data:`TRAINING_DTYPES`, ``recompute`` is not one of
+        ValueError: ``framework`` is not one of :data:`FRAMEWORKS`; ``dtype`` is not one of :data:`TRAINING_DTYPES`, ``recompute`` is not one of
             :data:`RECOMPUTE_MODES`, the layout does not match ``npu.devices``, does not divide
             the heads, the layers (over ``pipeline_parallel x virtual_pipeline`` chunks) or, with
             sequence parallelism, the sequence; or the step does not fit in one card's HBM
@@ -130,6 +155,8 @@ def training_step(
             ``memory=True`` as the caching allocator finds; without, their bytes alone).
     """
     hw = npu.hardware
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"{config.name}: framework={framework!r} is not one of {', '.join(map(repr, FRAMEWORKS))}")
     if dtype not in TRAINING_DTYPES:
         raise ValueError(f"{config.name}: dtype {dtype!r} is not a training dtype; use one of {', '.join(TRAINING_DTYPES)}")
     if recompute not in RECOMPUTE_MODES:
@@ -145,7 +172,7 @@ def training_step(
     t, pp, micro = layout.tensor_parallel, layout.pipeline_parallel, layout.micro_batches
     layout.check_model(config, batch_size, seq_len)
     estimates = memory_estimates(config, layout, batch_size, seq_len, recompute=recompute, dtype=dtype, hardware=hw,
-                                 fusion=fusion)
+                                 fusion=fusion, framework=framework)
     worst = max(estimates, key=lambda e: e.total_bytes)
     if worst.total_bytes > hw.memory.hbm_capacity_bytes:
         where = f" (pipeline stage {worst.stage})" if pp > 1 else ""
@@ -163,7 +190,12 @@ def training_step(
     if npu not in _PERSISTENT:  # without memory modelling too: they count in the NPU's live bytes
         _PERSISTENT[npu] = _Persistent(npu, stage_params(config, layout, 0), dtype, layout)
     grads = _GradReducer(npu, layout, grad_dtype or dtype, grad_bucket_params if overlap_grad_reduce else None)
-    fa = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True}
+    # the framework rides along with the FlashAttention options; _Stage takes it out
+    fa = {"block_size": block_size, "pipeline_stages": pipeline_stages, "fusion": fusion, "causal": True,
+          "framework": framework}
+    megatron = framework == "megatron"
+    if megatron:  # Megatron's zero_grad_buffer: the fp32 main-gradient buffer zeroed every step
+        npu.emit("Fill", (Tensor((stage_params(config, layout, 0),), "fp32"),), "fp32", "grads.zero_grad_buffer")
 
     if pp == 1:
         model = _Stage(config, layout, batch_size, seq_len, dtype, fa, range(config.num_layers), recompute)
@@ -182,6 +214,11 @@ def training_step(
         npu.all_reduce(Tensor((config.vocab_size // t * config.hidden_size,), grad_dtype or dtype),
                        ranks=(0, layout.stage_rank(pp - 1)), name="embed_tokens.grad.tied_allreduce")
     params_local = grads.total_params
+    shard = -(-params_local // dp) if dp > 1 and layout.zero_stage >= 1 else params_local
+    if megatron:  # --clip-grad: the gradient norm, then the scale, over the card's whole fp32 gradient
+        # (the real profile's LpNormV2 and Mul read the stage's full main-gradient buffers, not the shard)
+        npu.emit("ReduceSum", (Tensor((params_local,), "fp32"),), "fp32", "optimizer.grad_norm")
+        npu.mul(Tensor((params_local,), "fp32"), Tensor((1,), "fp32"), name="optimizer.clip_grad")
     if dp > 1 and layout.zero_stage >= 1:
         padded = -(-params_local // dp) * dp
         npu.adamw(padded // dp, name="optimizer.adamw")
@@ -189,6 +226,8 @@ def training_step(
             npu.all_gather(Tensor((padded // dp,), dtype), ranks=layout.dp_ranks(), name="params.dp_all_gather")
     else:
         npu.adamw(params_local, name="optimizer.adamw")
+    if megatron:  # the fp32 master weights copied back into the compute-dtype parameters
+        npu.cast(Tensor((shard,), "fp32"), dtype, name="optimizer.params_cast")
 
 
 class _Persistent:
@@ -352,6 +391,8 @@ class _Stage:
                  fa: dict, layers: range, recompute: str | None, *, embedding: bool = True,
                  head: bool = True) -> None:
         t = layout.tensor_parallel
+        fa = dict(fa)
+        self.megatron = fa.pop("framework", "ideal") == "megatron"
         self.config, self.dtype, self.fa, self.recompute = config, dtype, fa, recompute
         self.layers = layers
         self.has_embedding, self.has_head = embedding, head
@@ -447,10 +488,16 @@ class _Stage:
         gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.attn.sp_all_gather") if sp else None
         save(npu.matmul(x, self.w_qkv, name=f"{p}.attn.qkv_proj"))
         del gathered
+        if self.megatron:  # the q, k, v views of the projection copied out (Slice)
+            for part, width in (("q", heads * d), ("k", kv_heads * d), ("v", kv_heads * d)):
+                self._copy(npu, "StridedSlice", (tokens, width), f"{p}.attn.split_{part}")
         if self.qk_norm:  # Qwen3: RMSNorm over each query and key head
             save(npu.rms_norm(Tensor((tokens * heads, d), dtype), self.w(d), name=f"{p}.attn.q_norm"))
             save(npu.rms_norm(Tensor((tokens * kv_heads, d), dtype), self.w(d), name=f"{p}.attn.k_norm"))
-        save(npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary"))
+        if self.megatron:
+            self._split_rope(npu, p, save)
+        else:
+            save(npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary"))
         save(npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.attn.core", **fa))
         out = npu.matmul(Tensor((tokens, heads * d), dtype), self.w_o, name=f"{p}.attn.o_proj")
         if sp:
@@ -464,8 +511,11 @@ class _Stage:
         gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.mlp.sp_all_gather") if sp else None
         save(npu.matmul(x, self.w_gate_up, name=f"{p}.mlp.gate_up_proj"))
         del gathered
-        save(npu.silu(act, name=f"{p}.mlp.act"))
-        save(npu.mul(act, act, name=f"{p}.mlp.gate_mul"))
+        if self.megatron:  # --use-fused-swiglu: one kernel over the gate/up projection
+            save(self._fused(npu, "SwiGlu", Tensor((tokens, 2 * self.ffn), dtype), act, f"{p}.mlp.swiglu"))
+        else:
+            save(npu.silu(act, name=f"{p}.mlp.act"))
+            save(npu.mul(act, act, name=f"{p}.mlp.gate_mul"))
         out = npu.matmul(act, self.w_down, name=f"{p}.mlp.down_proj")
         if sp:
             out = npu.reduce_scatter(x, ranks=tp_ranks, name=f"{p}.mlp.sp_reduce_scatter")
@@ -501,6 +551,7 @@ class _Stage:
             dy = npu.matmul(dlogits, self.w(h, vocab), transpose_b=True, name=f"{tag}lm_head.grad_input")
             scatter = self._scatter(npu, regather, dy, f"{tag}lm_head.grad_input.sp_reduce_scatter")
             npu.matmul(x, dlogits, transpose_a=True, name=f"{tag}lm_head.grad_weight")
+            self._main_grad(npu, (h, vocab), f"{tag}lm_head")
             del dlogits, params
             if grads is not None:
                 grads.add(h * vocab + h, "lm_head")  # LM head and final norm
@@ -510,6 +561,7 @@ class _Stage:
             elif tp_reduce:
                 dy = npu.all_reduce(x, ranks=tp_ranks, name=f"{tag}lm_head.grad_input.tp_allreduce")
             dy = npu.rms_norm_grad(xs, xs, norm_w, name=f"{tag}final_norm.grad")
+            self._main_grad(npu, (h,), f"{tag}final_norm", cast=True)
             if saved:
                 saved.pop()  # the final norm's input and output
         qkv_grad = Tensor((tokens, qkv_width), dtype)
@@ -526,16 +578,21 @@ class _Stage:
             full = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.mlp.grad_sp_all_gather") if sp else None
             g = npu.matmul(x, self.w_down, transpose_b=True, name=f"{p}.mlp.down_proj.grad_input")
             npu.matmul(act, x, transpose_a=True, name=f"{p}.mlp.down_proj.grad_weight")
+            self._main_grad(npu, (ffn, h), f"{p}.mlp.down_proj")
             del full
-            g_gate = npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_gate")
-            g_up = npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_up")
-            del g
-            g_gate = npu.silu_grad(act, act, name=f"{p}.mlp.act.grad")
+            if self.megatron:
+                g_gate = g_up = self._fused(npu, "SwiGluGrad", act, gate_up_grad, f"{p}.mlp.swiglu.grad")
+            else:
+                g_gate = npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_gate")
+                g_up = npu.mul(act, act, name=f"{p}.mlp.gate_mul.grad_up")
+                del g
+                g_gate = npu.silu_grad(act, act, name=f"{p}.mlp.act.grad")
             regather = npu.all_gather(xs, ranks=tp_ranks, async_op=True,
                                       name=f"{p}.mlp.gate_up_proj.sp_all_gather.grad") if sp else None
             g = npu.matmul(gate_up_grad, self.w_gate_up, transpose_b=True, name=f"{p}.mlp.gate_up_proj.grad_input")
             scatter = self._scatter(npu, regather, g, f"{p}.mlp.grad_sp_reduce_scatter")
             npu.matmul(x, gate_up_grad, transpose_a=True, name=f"{p}.mlp.gate_up_proj.grad_weight")
+            self._main_grad(npu, (h, 2 * ffn), f"{p}.mlp.gate_up_proj")
             del g_gate, g_up
             if sp:
                 g = scatter.wait()
@@ -543,32 +600,42 @@ class _Stage:
             elif tp_reduce:
                 g = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.mlp.grad_tp_allreduce")
             g = npu.rms_norm_grad(xs, xs, norm_w, name=f"{p}.post_attention_layernorm.grad")
+            self._main_grad(npu, (h,), f"{p}.post_attention_layernorm", cast=True)
             dy = npu.add(xs, xs, name=f"{p}.mlp.residual.grad")
             full = npu.all_gather(xs, ranks=tp_ranks, name=f"{p}.attn.grad_sp_all_gather") if sp else None
             g = npu.matmul(x, self.w_o, transpose_b=True, name=f"{p}.attn.o_proj.grad_input")
             npu.matmul(attn_out, x, transpose_a=True, name=f"{p}.attn.o_proj.grad_weight")
+            self._main_grad(npu, (heads * d, h), f"{p}.attn.o_proj")
             del full
             core_out = (npu.flash_attention(self.q, self.kv, self.kv, name=f"{p}.recompute.attn.core", **fa)
                         if self.recompute == "selective" else None)
             dq_dk_dv = npu.flash_attention_grad(self.q, self.kv, self.kv, self.q, name=f"{p}.attn.core.grad", **fa)
             del g, core_out
-            g = npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
+            if self.megatron:
+                self._rope_grad(npu, p)
+            else:
+                g = npu.rotary_embedding(Tensor((tokens, (heads + kv_heads) * d), dtype), name=f"{p}.attn.rotary.grad")
             del dq_dk_dv
             if self.qk_norm:
                 for rows, norm in ((tokens * heads, "q_norm"), (tokens * kv_heads, "k_norm")):
                     head = Tensor((rows, d), dtype)
                     npu.rms_norm_grad(head, head, self.w(d), name=f"{p}.attn.{norm}.grad")
+                    self._main_grad(npu, (d,), f"{p}.attn.{norm}", cast=True)
+            if self.megatron:  # the q, k, v gradients back into one QKV gradient
+                self._copy(npu, "ConcatD", (tokens, qkv_width), f"{p}.attn.qkv_grad_concat")
             regather = npu.all_gather(xs, ranks=tp_ranks, async_op=True,
                                       name=f"{p}.attn.qkv_proj.sp_all_gather.grad") if sp else None
             g = npu.matmul(qkv_grad, self.w_qkv, transpose_b=True, name=f"{p}.attn.qkv_proj.grad_input")
             scatter = self._scatter(npu, regather, g, f"{p}.attn.grad_sp_reduce_scatter")
             npu.matmul(x, qkv_grad, transpose_a=True, name=f"{p}.attn.qkv_proj.grad_weight")
+            self._main_grad(npu, (h, qkv_width), f"{p}.attn.qkv_proj")
             if sp:
                 g = scatter.wait()
                 del regather, scatter
             elif tp_reduce:
                 g = npu.all_reduce(x, ranks=tp_ranks, name=f"{p}.attn.grad_tp_allreduce")
             g = npu.rms_norm_grad(xs, xs, norm_w, name=f"{p}.input_layernorm.grad")
+            self._main_grad(npu, (h,), f"{p}.input_layernorm", cast=True)
             dy = npu.add(xs, xs, name=f"{p}.attn.residual.grad")
             del g, recomputed, params
             if saved:
@@ -580,9 +647,62 @@ class _Stage:
         params = zero3.gather(npu, tag) if zero3 is not None else None
         gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{tag}embed_tokens.grad_sp_all_gather") if sp else None
         npu.embedding_grad(x, self.ids, self.table, name=f"{tag}embed_tokens.grad")
+        self._main_grad(npu, (vocab, h), f"{tag}embed_tokens")
         del dy, gathered, params
         if grads is not None:
             grads.add(vocab * h, "embed_tokens")
+
+    # -- framework kernels (framework="megatron"; see training_step) ------------------------------
+
+    def _copy(self, npu: NPU, op_type: str, shape: tuple[int, ...], name: str, dtype: str | None = None) -> Tensor:
+        """A data-movement or fill kernel writing a new ``shape`` tensor (op type ``op_type``)."""
+        out = Tensor(shape, dtype or self.dtype)
+        npu.emit(op_type, (out,), out.dtype, name, outputs=(out,))
+        return out
+
+    def _fused(self, npu: NPU, op_type: str, x: Tensor, like: Tensor, name: str) -> Tensor:
+        """A fused kernel of torch_npu read from ``x`` (its cost's element count) writing a new
+        tensor shaped as ``like``."""
+        out = Tensor(like.shape, self.dtype)
+        npu.emit(op_type, (x,), self.dtype, name, outputs=(out,))
+        return out
+
+    def _split_rope(self, npu: NPU, p: str, save) -> None:
+        """RoPE as Megatron-Core's ``apply_rotary_pos_emb`` on torch_npu runs it, for q then k:
+        the cos and sin of the position table recomputed in fp32 (``(tokens, head_dim)``), each
+        multiplied by the attention scaling and cast to the compute dtype, the fused rotation
+        (``npu_rotary_position_embedding``), and its output made contiguous (``TensorMove``)."""
+        tokens, d = self.tokens, self.d
+        for part, heads in (("q", self.heads), ("k", self.kv_heads)):
+            for fn in ("Cos", "Sin"):
+                table = self._copy(npu, fn, (tokens, d), f"{p}.attn.rotary_{part}.{fn.lower()}", "fp32")
+                table = npu.mul(table, Tensor((1,), "fp32"), name=f"{p}.attn.rotary_{part}.{fn.lower()}_scale")
+                npu.cast(table, self.dtype, name=f"{p}.attn.rotary_{part}.{fn.lower()}_cast")
+            rotated = npu.rotary_embedding(Tensor((tokens, heads * d), self.dtype), name=f"{p}.attn.rotary_{part}")
+            del rotated
+            save(self._copy(npu, "StridedSlice", (tokens, heads * d), f"{p}.attn.rotary_{part}.contiguous"))
+
+    def _rope_grad(self, npu: NPU, p: str) -> None:
+        """Backward of :meth:`_split_rope`, k then q: the rotation's grad, a zero tensor for the
+        input gradient (``ZerosLike``) and the add into it."""
+        tokens, d = self.tokens, self.d
+        for part, heads in (("k", self.kv_heads), ("q", self.heads)):
+            shape = (tokens, heads * d)
+            g = npu.rotary_embedding(Tensor(shape, self.dtype), name=f"{p}.attn.rotary_{part}.grad")
+            zeros = self._copy(npu, "Fill", shape, f"{p}.attn.rotary_{part}.grad_zeros")
+            npu.add(zeros, g, name=f"{p}.attn.rotary_{part}.grad_add")
+
+    def _main_grad(self, npu: NPU, shape: tuple[int, ...], name: str, cast: bool = False) -> None:
+        """Megatron without gradient-accumulation fusion: the weight's gradient (compute dtype;
+        a norm weight's comes out of RmsNormGrad in fp32 and is ``Cast`` first) added into its
+        fp32 main gradient (``Add`` fp32 + compute dtype -> fp32, the weight's size)."""
+        if not self.megatron:
+            return
+        grad = Tensor(shape, self.dtype)
+        if cast:
+            grad = npu.cast(Tensor(shape, "fp32"), self.dtype, name=f"{name}.grad_cast")
+        # in place into the job-long gradient buffer: no new tensor (an Add's cost, read both, write fp32)
+        npu.emit("Add", (Tensor(shape, "fp32"), grad), "fp32", f"{name}.main_grad_add")
 
     def _scatter(self, npu: NPU, regather, g: Tensor, name: str):
         """With SP, once the input is gathered again for the weight gradient: reduce-scatter the

@@ -119,11 +119,13 @@ def memory_estimates(
     dtype: str = "fp16",
     hardware: HardwareSpec | None = None,
     fusion: bool = True,
+    framework: str = "ideal",
 ) -> list[MemoryEstimate]:
     """The estimate of every pipeline stage (one item without pipelining), see the module
     docstring. ``hardware`` adds FlashAttentionGrad's workspace (of the fused kernel, with
     ``fusion`` as :func:`simulator.models.training_step` takes it) and the HCCL buffers (both 0
-    without it).
+    without it). With ``framework="megatron"`` the fused SwiGLU keeps its output only: ``3 f / t``
+    per token for the FFN instead of ``4 f / t`` (gate/up projection and SwiGLU output).
 
     Raises:
         ValueError: ``recompute`` is not one of :data:`RECOMPUTE_MODES`, ``dtype`` is unknown, or
@@ -144,7 +146,7 @@ def memory_estimates(
     split = tokens // t if layout.sequence_sharded else tokens  # rows outside the tensor-parallel regions
     layer_input = split * h * e
     layer_all = e * (4 * split * h + tokens * ((heads + 2 * kv_heads) * d + (heads + kv_heads) * d + heads * d
-                                                  + 4 * ffn))
+                                                  + (3 if framework == "megatron" else 4) * ffn))
     layer_saved = layer_input if recompute == "full" else layer_all
     per_chunk = config.num_layers // layout.virtual_stages
     layer_params = h * (heads + 2 * kv_heads) * d + heads * d * h + 3 * h * ffn + 2 * h

@@ -52,6 +52,9 @@ class PublishedLayout(BaseModel):
     global_batch_size: PositiveInt
     seq_len: PositiveInt
     dtype: Literal["fp16", "bf16"]
+    framework: Literal["ideal", "megatron"] = Field(
+        "ideal", description="training_step's framework: 'megatron' for Megatron-LM / MindSpeed-LLM launch scripts "
+                             "(their --no-gradient-accumulation-fusion and torch_npu kernels)")
     source: str = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -96,7 +99,7 @@ class PublishedLayout(BaseModel):
         """Keyword arguments of ``simulator.run(training_step, self.config, **kwargs)``."""
         return {"hardware": self.hardware, "devices": self.devices, "layout": self.parallel_layout(micro_batches),
                 "batch_size": self.micro_batch_size, "seq_len": self.seq_len, "dtype": self.dtype,
-                "recompute": self.recompute}
+                "recompute": self.recompute, "framework": self.framework}
 
 
 class PublishedLayoutsFile(BaseModel):

@@ -531,7 +531,8 @@ def run(
         collection: how op records reach callbacks registered with
             :func:`simulator.callbacks.register_op_callback`: ``"offline"`` (after the run, no
             overhead) or ``"online"`` (during the run, charging the hardware's
-            ``profiler.online_callback_overhead_s`` per op to the timeline).
+            ``profiler.online_callback_overhead_s`` per op to the host's clock: it delays the
+            next kernel's issue, visible in the step only when the run is host-bound).
         slow_ranks, degraded_links: stragglers and slow links, see :class:`NPU`.
 
     Returns:

@@ -77,7 +77,7 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
                 clock_s = end_s
         else:
             clock_s = end_s
-        clock_s += overhead_s  # the host's callback delays the next issue, whatever the stream
+        host_s += overhead_s  # the host's callback delays the next issue, whatever the stream
     fields = {name: getattr(profile, name) for name in Profile.model_fields}
     # not model_copy: it would carry over the cached step times of the original
     return Profile.model_construct(**{**fields, "hardware": spec_hw.name, "simulator_version": SIMULATOR_VERSION,

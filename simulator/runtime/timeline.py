@@ -83,8 +83,10 @@ class Timeline:
         devices: cards in the job.
         slow_ranks: ``{rank: factor >= 1}``, see :class:`~simulator.runtime.NPU`.
         degraded_links: ``{(rank_a, rank_b): frac in (0, 1]}``, see :class:`~simulator.runtime.NPU`.
-        op_gap_s: host time after each op that delays the next issue (online collection's
-            callbacks), whatever the stream.
+        op_gap_s: host time after each op that delays the host's next issue (online
+            collection's callbacks), whatever the stream: it moves the host's clock, not the
+            device's, so it is hidden while the device is busier than the host and shows in
+            full in a host-bound run (kernels shorter than ``host_dispatch_s + op_gap_s``).
 
     Raises:
         TypeError: ``slow_ranks`` or ``degraded_links`` is not a dict.
@@ -149,7 +151,9 @@ class Timeline:
                     if rank:
                         self.lag[rank] += (factor - 1.0) * base_s
         if self.op_gap_s:
-            self.clock_s += self.op_gap_s
+            # host time (the callback runs in the process that issues kernels): it delays the
+            # next issue, and the device only waits for it when the host is the bottleneck
+            self.host_s += self.op_gap_s
 
     def lengthen(self, compute: bool, blocking: bool, stall_s: float) -> None:
         """The op just placed takes ``stall_s`` longer (an allocation stall charged to it): on

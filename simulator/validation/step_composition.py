@@ -267,7 +267,7 @@ def simulate_workload(work: InferredWorkload, hw: HardwareSpec, dtype: str = "bf
                             zero_stage=work.zero_stage)
     return run(training_step, config, hardware=hw, devices=layout.devices, dtype=dtype, seq_len=work.seq_len,
                layout=layout, overlap_grad_reduce=work.overlap_grad_reduce,
-               grad_dtype="fp32" if dtype == "bf16" else None)
+               grad_dtype="fp32" if dtype == "bf16" else None, framework="megatron")
 
 
 def compare(path: str | Path, hardware: str | HardwareSpec = "ascend910b",
