@@ -151,6 +151,26 @@ def _check_output(path: Path) -> None:
                                    "refusing to overwrite it (nothing was written)")
 
 
+def _refuse_duplicates(profiles: list[Path]) -> None:
+    """Refuse a profile given twice (as a folder and its CSV, or a copy): it would count twice.
+
+    Raises:
+        CalibrationError: two profiles' kernel_details.csv have the same bytes (SHA-256).
+    """
+    from .kernel_replay import kernel_details_path
+
+    seen: dict[str, Path] = {}
+    for path in profiles:
+        try:
+            digest = file_sha256(kernel_details_path(path))
+        except (OSError, ValueError):
+            continue  # the replay names what is wrong with it
+        if digest in seen:
+            raise CalibrationError(f"{path}: the same kernel_details.csv as {seen[digest]} (SHA-256 {digest[:12]}); "
+                                   "give each profile once (nothing was written)")
+        seen[digest] = path
+
+
 def _base_for(profiles: list[Path], hardware: str | None) -> str:
     """``hardware``, or the bundled spec ``oam validate --profile`` picks for every profile."""
     if hardware is not None:
@@ -203,6 +223,7 @@ def calibrate(profiles: list[str | Path], output: str | Path, hardware: str | No
         raise CalibrationError(f"--min-kernels must be at least 1, got {min_kernels}")
     _check_output(output)
     paths = [Path(p) for p in profiles]
+    _refuse_duplicates(paths)
     base_name = _base_for(paths, hardware)
     base = load_hardware(base_name)
     replays = [replay_kernels(p, base_name) for p in paths]
@@ -268,7 +289,7 @@ def calibration_text(calibration: dict, output: Path, fmt: str = "simple") -> st
             for t, f in sorted(calibration["op_time_scale"].items()) if f["kernels"]]
     lines = [f"calibrated {calibration['base_hardware']} to {len(calibration['profiles'])} profile(s), "
              f"{calibration['kernels']:,} kernels re-costed", "",
-             tabulate(rows, headers=("op type", "kernels", "time scale", "median |error| before", "after"),
+             tabulate(rows, headers=("op type", "kernels", "time scale", table_cell("median |error| before", fmt), "after"),
                       tablefmt=fmt, disable_numparse=True), ""]
     host = calibration["host_dispatch_s_fitted"]
     gaps = sum(p["host_gaps"] for p in calibration["profiles"])

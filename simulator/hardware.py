@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from importlib import resources
 from typing import Literal
 
@@ -348,6 +349,8 @@ class HardwareFileError(ValueError):
 #: which names its hardware, finds its spec again in the same process (the gate's rules do).
 _FILE_SPECS: dict[str, HardwareSpec] = {}
 _FILE_CACHE: dict[tuple[str, int, int], HardwareSpec] = {}
+#: What a hardware file's ``name`` may be: a plain name, never a path (it is looked up by name).
+_FILE_SPEC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def is_hardware_path(name: str | os.PathLike) -> bool:
@@ -385,13 +388,17 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareSpec:
     except (OSError, UnicodeDecodeError) as exc:
         raise HardwareFileError(f"{where}: cannot read it: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise HardwareFileError(f"{where}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        raise HardwareFileError(f"{where}: not valid JSON: {exc.msg}{'' if exc.msg.endswith(' at') else ' at'} line {exc.lineno}, column {exc.colno}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "(the top level)"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise HardwareFileError(f"{where}: field {field}: {first['msg']}{more}; not a hardware file of "
                                 "simulator/hardware/*.json's schema") from None
+    if not _FILE_SPEC_NAME.fullmatch(spec.name) or is_hardware_path(spec.name):
+        raise HardwareFileError(f"{where}: field name: {spec.name!r} is not a spec name (letters, digits, '.', '_' "
+                                "and '-', starting with a letter or digit, not ending in .json): runs and baselines "
+                                "record it")
     if spec.name in list_hardware():
         raise HardwareFileError(f"{where}: field name: {spec.name!r} is a bundled spec's name; give the file's spec "
                                 "its own name, so its runs are not compared with the bundled spec's")

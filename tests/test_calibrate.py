@@ -235,3 +235,43 @@ def test_marked(oam_profile):
     result = pytester.runpytest("--oam-hardware", "./broken.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --oam-hardware: */broken.json: not valid JSON*"])
+
+
+@pytest.mark.parametrize("name", ["../../pwned", "", "  ", "my-910b.json", "a/b"])
+def test_a_file_whose_name_is_not_a_plain_name_is_refused(tmp_path, name) -> None:
+    # Regression (newcomer): "../../pwned" reached the gate, which looked it up as a path and
+    # crashed with a traceback; "../my-910b.json" silently loaded another file's spec.
+    path = tmp_path / "hw.json"
+    data = load_hardware("ascend910b").model_dump(mode="json") | {"name": name}
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(HardwareFileError, match=f"^{path}: field name: .* is not a spec name"):
+        load_hardware(str(path))
+
+
+def test_bad_json_message_reads_once(tmp_path) -> None:
+    path = tmp_path / "hw.json"
+    path.write_text('{"name": "x', encoding="utf-8")
+    with pytest.raises(HardwareFileError) as info:
+        load_hardware(str(path))
+    assert "starting at line 1, column 10" in str(info.value) and "at at" not in str(info.value)
+
+
+def test_a_profile_given_twice_is_refused(tmp_path, capsys) -> None:
+    # Regression (newcomer): the folder and its CSV counted the same kernels and host gaps twice
+    out = tmp_path / "out.json"
+    code, _, err = run(["calibrate", str(ALEXNET_L1), str(ALEXNET_L1 / "kernel_details.csv"), "-o", str(out)], capsys)
+    assert code == 2 and "give each profile once" in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_calibrate_markdown_table_escapes_its_pipes(tmp_path, capsys) -> None:
+    code, out, _ = run(["calibrate", str(ALEXNET_L1), "-o", str(tmp_path / "a.json"), "--format", "markdown"], capsys)
+    assert code == 0 and "median \\|error\\| before" in out
+
+
+def test_a_trace_read_as_a_profile_gets_a_short_error(tmp_path, capsys) -> None:
+    # Regression (newcomer): a trace_view.json given as a profile printed 137 KB of "column names"
+    trace = tmp_path / "kernel_details.csv"
+    events = ", ".join(f'{{"ph": "X", "ts": "{i}", "name": "op{i % 20}", "pid": 1, "tid": 2}}' for i in range(2000))
+    trace.write_text(f"[{events}]\n", encoding="utf-8")  # one line, as torch_npu writes it
+    code, _, err = run(["validate", "--profile", str(trace)], capsys)
+    assert code == 2 and err.count("\n") == 1 and len(err) < 400, err

@@ -32,6 +32,9 @@ class ImportError_(ValueError):
 
 # -- reading a file ---------------------------------------------------------------------------
 
+#: Beyond this many repeated column names an error names the first only (the message stays one line).
+_MAX_NAMED_COLUMNS = 8
+
 
 def read_bytes(path: Path) -> bytes:
     """The file's bytes, decompressed if gzip: regular files only (a named pipe is never opened),
@@ -83,6 +86,9 @@ def csv_rows(path: Path, text: str, kind: str) -> tuple[list[str], list[tuple[in
         raise ImportError_(f"{path}: line 1: not a valid CSV header ({exc}); expected {kind}") from None
     repeated = sorted({h for h in header if h and header.count(h) > 1})
     if repeated:
+        if len(repeated) > _MAX_NAMED_COLUMNS:  # not a CSV table at all (a JSON trace read as CSV: one "column" a line)
+            raise ImportError_(f"{path}: line 1: {len(repeated)} column names appear more than once "
+                               f"(first {repeated[0][:40]!r}): not {kind}")
         raise ImportError_(f"{path}: line 1: column {', '.join(map(repr, repeated))} appears more than once")
     reader.fieldnames = header
     rows = []
