@@ -176,16 +176,20 @@ def _base_for(profiles: list[Path], hardware: str | None) -> str:
     if hardware is not None:
         return hardware
     from .files.importers import ImportError_, read_ascend_csv
-    from .kernel_replay import kernel_details_path, profile_hardware
+    from .kernel_replay import kernel_details_path, profile_hardware, require_shapes
 
     picks = {}
     for path in profiles:
         csv_path = kernel_details_path(path)
         try:
-            rows = read_ascend_csv(csv_path).rows
+            read = read_ascend_csv(csv_path)
         except ImportError_ as exc:
             raise ReplayError(str(exc)) from None
-        picks[str(path)] = profile_hardware(rows, None).spec
+        require_shapes(csv_path, read.header)
+        try:
+            picks[str(path)] = profile_hardware(read.rows, None).spec
+        except ReplayError as exc:
+            raise ReplayError(f"{csv_path}: {exc}") from None
     if len(set(picks.values())) > 1:
         listed = ", ".join(f"{p} -> {s}" for p, s in picks.items())
         raise CalibrationError(f"the profiles ran on different NPUs by their core counts ({listed}): calibrate one "

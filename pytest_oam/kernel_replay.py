@@ -453,12 +453,31 @@ def _used_cores(rows: list[dict[str, str]]) -> tuple[int | None, int | None, flo
     return _filled(cube), _filled(vector), statistics.median(clocks) if clocks else None
 
 
+def require_shapes(csv_path: Path, header: list[str]) -> None:
+    """Refuse a profile that records no input shapes (Level0).
+
+    Raises:
+        ReplayError: no ``Input Shapes`` column in ``header``, naming ``csv_path``.
+    """
+    if "Input Shapes" not in header:
+        raise ReplayError(f"{csv_path}: no 'Input Shapes' column, so no kernel can be re-costed: a Level0 profile "
+                          "(torch_npu's default level records no shapes); profile with "
+                          "experimental_config profiler_level Level1 or Level2 and record_shapes=True")
+
+
 def profile_hardware(rows: list[dict[str, str]], hardware: str | None) -> ProfileHardware:
     """The NPU the rows ran on against the spec ``hardware``, or, when None, against the bundled
-    spec whose AI Core and Vector core counts are closest to the cores the kernels fill."""
+    spec whose AI Core and Vector core counts are closest to the cores the kernels fill.
+
+    Raises:
+        ReplayError: ``hardware`` is None and no row says which cores it filled.
+    """
     from simulator.hardware import list_hardware, load_hardware
 
     cube, vector, clock_hz = _used_cores(rows)
+    if hardware is None and cube is None and vector is None:
+        raise ReplayError("the profile does not say which NPU it ran on (no row with an Accelerator Core and a "
+                          "Block Dim above 0): give --hardware NAME_OR_FILE")
 
     def distance(name: str) -> tuple[int, str]:
         spec = load_hardware(name).ai_core
@@ -536,11 +555,11 @@ def replay_kernels(path: str | Path, hardware: str | None = None) -> ReplayedKer
     except ImportError_ as exc:
         raise ReplayError(str(exc)) from None
     profile, header, rows = read.profile, read.header, read.rows
-    if "Input Shapes" not in header:
-        raise ReplayError(f"{csv_path}: no 'Input Shapes' column, so no kernel can be re-costed: a Level0 profile "
-                          "(torch_npu's default level records no shapes); profile with "
-                          "experimental_config profiler_level Level1 or Level2 and record_shapes=True")
-    check = profile_hardware(rows, hardware)
+    require_shapes(csv_path, header)
+    try:
+        check = profile_hardware(rows, hardware)
+    except ReplayError as exc:
+        raise ReplayError(f"{csv_path}: {exc}") from None
     hw = load_hardware(check.spec)
     kernels: list[ReplayedKernel] = []
     skipped: dict[tuple[str, str], list] = defaultdict(list)  # (kernel type, reason) -> ops

@@ -275,3 +275,23 @@ def test_a_trace_read_as_a_profile_gets_a_short_error(tmp_path, capsys) -> None:
     trace.write_text(f"[{events}]\n", encoding="utf-8")  # one line, as torch_npu writes it
     code, _, err = run(["validate", "--profile", str(trace)], capsys)
     assert code == 2 and err.count("\n") == 1 and len(err) < 400, err
+
+
+def test_a_profile_that_does_not_say_its_npu_needs_hardware(tmp_path, capsys) -> None:
+    # Regression (newcomer): without the Accelerator Core column every spec was equally close and
+    # the alphabetically first (the 910A) was taken silently
+    import csv
+
+    rows = list(csv.DictReader(LLM_CSV.open(encoding="utf-8")))
+    header = [h for h in rows[0] if h != "Accelerator Core"]
+    folder = tmp_path / "no-core"
+    folder.mkdir()
+    with (folder / "kernel_details.csv").open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, header, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows[:200])
+    for argv in (["validate", "--profile", str(folder)], ["calibrate", str(folder), "-o", str(tmp_path / "o.json")]):
+        code, _, err = run(argv, capsys)
+        assert code == 2 and "does not say which NPU it ran on" in err and str(folder) in err, err
+    code, _, _ = run(["validate", "--profile", str(folder), "--hardware", "ascend910b4"], capsys)
+    assert code in (0, 1)
