@@ -424,6 +424,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import DEFAULT_MIN_KERNELS, calibrate, calibration_text
 
     min_kernels = DEFAULT_MIN_KERNELS if args.min_kernels is None else args.min_kernels
+    replaced = args.output.exists()  # calibrate() refuses anything but a file it wrote
     try:
         calibration = calibrate(args.profiles, args.output, args.hardware, min_kernels)
     except OSError as exc:  # the write: name -o, whatever the errno text says
@@ -434,6 +435,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         _print(json.dumps(calibration, indent=2, sort_keys=True))
     else:
         _print(calibration_text(calibration, args.output, "github" if args.format == "markdown" else "simple"))
+        if replaced:  # the spec keeps its name: baselines made with the old figures now differ from it
+            _print(f"replaced the earlier calibration in {args.output}: baselines saved with it were made with its "
+                   "old figures and now compare against the new ones; save them again (--oam-save-baseline)")
     return EXIT_OK
 
 

@@ -295,3 +295,13 @@ def test_a_profile_that_does_not_say_its_npu_needs_hardware(tmp_path, capsys) ->
         assert code == 2 and "does not say which NPU it ran on" in err and str(folder) in err, err
     code, _, _ = run(["validate", "--profile", str(folder), "--hardware", "ascend910b4"], capsys)
     assert code in (0, 1)
+
+
+def test_calibrating_again_into_the_same_file_says_baselines_must_be_saved_again(tmp_path, capsys) -> None:
+    # Newcomer: the spec keeps its name, so baselines saved with the old figures came out
+    # REGRESSED with a misleading diagnosis and no word that the hardware file had changed
+    out = tmp_path / "npu.json"
+    code, first, _ = run(["calibrate", str(ALEXNET_L1), "-o", str(out)], capsys)
+    assert code == 0 and "replaced the earlier calibration" not in first
+    code, second, _ = run(["calibrate", str(ALEXNET_L2), "-o", str(out)], capsys)
+    assert code == 0 and f"replaced the earlier calibration in {out}" in second and "--oam-save-baseline" in second
