@@ -238,7 +238,8 @@ def calibrate(profiles: list[str | Path], output: str | Path, hardware: str | No
     fits = fit_time_scales(kernels, min_kernels)
     intervals = {str(r.csv_path): host_intervals_s(r) for r in replays}
     every_interval = [i for found in intervals.values() for i in found]
-    host_fitted = statistics.median(every_interval) if len(every_interval) >= min_kernels else None
+    host_fitted = (round(statistics.median(every_interval), 12)  # whole picoseconds: the file stays readable
+                   if len(every_interval) >= min_kernels else None)
     base_scales = base.calibration.op_time_scale if base.calibration is not None else {}
     scales = {t: f["scale"] for t, f in fits.items()}
     op_time_scale = {name: {"time_scale": s.time_scale, "kernels": 0, "fitted": False,
@@ -273,8 +274,13 @@ def calibrate(profiles: list[str | Path], output: str | Path, hardware: str | No
     data.update(name=name, display_name=f"{base.display_name}, calibrated ({output.name})", calibration=calibration)
     if host_fitted is not None:
         data["launch"]["host_dispatch_s"] = host_fitted
-        data["launch"]["source"] += (f" host_dispatch_s: replaced by oam calibrate ({base.launch.host_dispatch_s:g} s in "
+        data["launch"]["source"] += (f". host_dispatch_s: replaced by oam calibrate ({base.launch.host_dispatch_s:g} s in "
                                      f"{base_name}): see the calibration group")
+        # the fit is a profiled run's host time, so it is also what a profiled step is compared with
+        # (oam validate --profile's step composition)
+        data["profiler"]["profiled_host_dispatch_s"] = host_fitted
+        data["profiler"]["source"] += (". profiled_host_dispatch_s: the host_dispatch_s oam calibrate fitted (the "
+                                       "profiles it was fitted to were profiled runs)")
     HardwareSpec.model_validate(data)
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(output, json.dumps(data, indent=2, sort_keys=True) + "\n")

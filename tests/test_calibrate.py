@@ -305,3 +305,11 @@ def test_calibrating_again_into_the_same_file_says_baselines_must_be_saved_again
     assert code == 0 and "replaced the earlier calibration" not in first
     code, second, _ = run(["calibrate", str(ALEXNET_L2), "-o", str(out)], capsys)
     assert code == 0 and f"replaced the earlier calibration in {out}" in second and "--oam-save-baseline" in second
+
+
+def test_the_fitted_host_time_is_also_the_profiled_one(llm_calibrated) -> None:
+    # Newcomer: oam validate --profile --hardware my-910b.json compared the step with the base's
+    # 192 us profiled host time, not the 107 us the file was fitted to (also a profiled run's)
+    path, _ = llm_calibrated
+    spec = load_hardware(str(path))
+    assert spec.profiler.profiled_host_dispatch_s == spec.launch.host_dispatch_s == spec.calibration.host_dispatch_s_fitted
