@@ -135,12 +135,16 @@ def median_abs_error(kernels: list[ReplayedKernel], scales: dict[str, float] | N
 def _check_output(path: Path) -> None:
     """Refuse ``-o`` before any work: a folder, or an existing file that is not a calibrated
     hardware file (overwriting one is the point of calibrating again; anything else is kept)."""
-    from simulator.hardware import HardwareFileError, load_hardware_file
+    from simulator.hardware import HardwareFileError, load_hardware_file, spec_name_problem
 
     if path.is_dir():
         raise CalibrationError(f"-o {path}: is a folder; give a file name such as my-910b.json")
     if path.suffix.lower() != ".json":
         raise CalibrationError(f"-o {path}: a hardware file is JSON; give a name ending in .json")
+    problem = spec_name_problem(path.stem)
+    if problem:  # the stem becomes the spec's name, which runs and baselines record
+        raise CalibrationError(f"-o {path}: the file's name {path.stem!r} becomes the spec's name: {problem}; "
+                               "give a name such as my-910b.json")
     if path.exists() or path.is_symlink():
         try:
             spec = load_hardware_file(path)

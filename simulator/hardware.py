@@ -348,6 +348,7 @@ class HardwareFileError(ValueError):
 #: Specs read from files (:func:`load_hardware_file`) by their ``name``, so that a run's profile,
 #: which names its hardware, finds its spec again in the same process (the gate's rules do).
 _FILE_SPECS: dict[str, HardwareSpec] = {}
+_FILE_SPEC_PATHS: dict[str, str] = {}  # name -> the real path it was read from
 _FILE_CACHE: dict[tuple[str, int, int], HardwareSpec] = {}
 #: What a hardware file's ``name`` may be: a plain name, never a path (it is looked up by name).
 _FILE_SPEC_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -359,6 +360,16 @@ def is_hardware_path(name: str | os.PathLike) -> bool:
     if not isinstance(name, str):
         return isinstance(name, os.PathLike)
     return name.lower().endswith(".json") or "/" in name or os.sep in name
+
+
+def spec_name_problem(name: str) -> str:
+    """What makes ``name`` unusable as a hardware file's spec name ("" when it is fine): it must be
+    letters, digits, '.', '_' and '-', start with a letter or digit, and not look like a path."""
+    if not _FILE_SPEC_NAME.fullmatch(name):
+        return "letters, digits, '.', '_' and '-' only, starting with a letter or digit"
+    if is_hardware_path(name):
+        return "it would be read as a file's path (it ends in .json)"
+    return ""
 
 
 def load_hardware_file(path: str | os.PathLike) -> HardwareSpec:
@@ -395,14 +406,21 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareSpec:
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise HardwareFileError(f"{where}: field {field}: {first['msg']}{more}; not a hardware file of "
                                 "simulator/hardware/*.json's schema") from None
-    if not _FILE_SPEC_NAME.fullmatch(spec.name) or is_hardware_path(spec.name):
-        raise HardwareFileError(f"{where}: field name: {spec.name!r} is not a spec name (letters, digits, '.', '_' "
-                                "and '-', starting with a letter or digit, not ending in .json): runs and baselines "
-                                "record it")
+    problem = spec_name_problem(spec.name)
+    if problem:
+        raise HardwareFileError(f"{where}: field name: {spec.name!r} is not a spec name ({problem}): runs and "
+                                "baselines record it")
     if spec.name in list_hardware():
         raise HardwareFileError(f"{where}: field name: {spec.name!r} is a bundled spec's name; give the file's spec "
                                 "its own name, so its runs are not compared with the bundled spec's")
+    real = os.path.realpath(where)
+    other = _FILE_SPEC_PATHS.get(spec.name)
+    if other is not None and other != real and _FILE_SPECS[spec.name] != spec:
+        raise HardwareFileError(f"{where}: field name: {spec.name!r} is also the name of {other}, read before in this "
+                                "process with other figures; runs name their hardware, so the two would be taken for "
+                                "each other: give one of them another name (oam calibrate names the spec after -o)")
     _FILE_SPECS[spec.name] = spec
+    _FILE_SPEC_PATHS[spec.name] = real
     return spec
 
 

@@ -218,7 +218,8 @@ def training_step(
     if megatron:  # --clip-grad: the gradient norm, then the scale, over the card's whole fp32 gradient
         # (the real profile's LpNormV2 and Mul read the stage's full main-gradient buffers, not the shard)
         npu.emit("ReduceSum", (Tensor((params_local,), "fp32"),), "fp32", "optimizer.grad_norm")
-        npu.mul(Tensor((params_local,), "fp32"), Tensor((1,), "fp32"), name="optimizer.clip_grad")
+        # in place (Megatron scales the main gradients where they are): no new tensor, as _main_grad
+        npu.emit("Mul", (Tensor((params_local,), "fp32"), Tensor((1,), "fp32")), "fp32", "optimizer.clip_grad")
     if dp > 1 and layout.zero_stage >= 1:
         padded = -(-params_local // dp) * dp
         npu.adamw(padded // dp, name="optimizer.adamw")

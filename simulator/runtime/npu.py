@@ -154,9 +154,13 @@ class NPU(CubeOps, VectorOps, HcclOps):
                     attrs["link_bandwidth_frac"] = frac
             if async_op:
                 attrs["async_op"] = True
-        elif timeline.pending_wait is not None:
-            attrs["wait_hccl_op"] = timeline.pending_wait  # this op started after a Work.wait()
-            timeline.pending_wait = None
+        else:
+            if timeline.pending_wait is not None:
+                attrs["wait_hccl_op"] = timeline.pending_wait  # this op started after a Work.wait()
+                timeline.pending_wait = None
+            if timeline.pending_host_sync:
+                attrs["host_synced"] = True  # issued after a device synchronisation (recost replays it)
+                timeline.pending_host_sync = False
         spec = OpSpec(op_type, tuple(t.shape for t in inputs), dtype, tuple(sorted(attrs.items())) if attrs else ())
         known = self._cost_cache.get(spec)
         if known is None:

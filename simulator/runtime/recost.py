@@ -61,6 +61,8 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
             if isinstance(waited, int) and 0 <= waited < len(records):
                 done = records[waited]
                 clock_s = max(clock_s, done.start_s + done.duration_s)
+            if op.attrs.get("host_synced"):  # after NPU.device_synchronize: the host waited for the device
+                host_s = max(host_s, clock_s + spec_hw.launch.host_dispatch_s)
             ready_s = clock_s
         start_s, host_s = dispatch(ready_s, host_s, cost, spec_hw)
         record = make_record(

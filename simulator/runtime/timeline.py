@@ -104,6 +104,7 @@ class Timeline:
         self.host_s = 0.0  # when the host can issue the next kernel (see dispatch())
         self.last_hccl: int | None = None  # index of the last collective's record
         self.pending_wait: int | None = None  # a Work.wait() the next compute op records
+        self.pending_host_sync = False  # a device_synchronize() the next compute op records (attrs["host_synced"])
         self.slow = self._check_slow_ranks(slow_ranks)
         self.links = self._check_links(degraded_links)
         # Straggler model: each rank's lag behind rank 0, in seconds (only with slow ranks or links).
@@ -187,6 +188,7 @@ class Timeline:
         lead is lost)."""
         self.synchronize()
         self.host_s = max(self.host_s, self.clock_s + self.hardware.launch.host_dispatch_s)
+        self.pending_host_sync = True  # the next compute op records it, for recost
 
     def next_step(self) -> None:
         """Start the next step: a training step ends synchronised (the optimizer and the loss
@@ -195,6 +197,7 @@ class Timeline:
         self.clock_s = max(self.clock_s, self.hccl_clock_s)
         self.host_s = self.clock_s
         self.pending_wait = None
+        self.pending_host_sync = False  # the new step's host starts with the device, as above
 
     # -- stragglers -------------------------------------------------------------------------
 
