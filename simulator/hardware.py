@@ -86,8 +86,9 @@ class LaunchSpec(_Group):
     attention_host_dispatch_s: float | None = Field(
         default=None, ge=0,
         description="Host time of one torch_npu npu_fusion_attention call (its host path runs the attention "
-        "tiling and allocates four outputs), in place of host_dispatch_s for a fused attention kernel. None "
-        "(specs before simulator 0.8.0): host_dispatch_s")
+        "tiling and allocates four outputs), in place of host_dispatch_s for a fused attention kernel where a "
+        "timed loop of such calls is simulated (simulator.validation's published loop figures); simulated steps "
+        "issue every kernel host_dispatch_s apart. None (specs before simulator 0.8.0): host_dispatch_s")
 
     def host_s(self, mix: bool) -> float:
         """The host's time to issue one kernel: :attr:`attention_host_dispatch_s` (when given) for
