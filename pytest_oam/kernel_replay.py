@@ -754,22 +754,22 @@ def main(argv: list[str]) -> int:
     else:
         print(terminal_safe(report_text(report, "github" if args.format == "markdown" else "simple"), keep_newlines=True))
         if composition is not None:
-            from simulator.validation.step_composition import composition_text
+            from pytest_oam.step_composition import composition_text
 
             text = composition if isinstance(composition, str) else composition_text(composition)
             print("\n" + terminal_safe(text, keep_newlines=True))
     return 0 if report.passed else 1
 
 
-def _step_composition(path: Path, hardware: str | None):
+def _step_composition(path: Path, hardware: str):
     """With ``step_trace_time.csv`` and ``profiler_metadata.json`` in the folder: the measured and
-    simulated step composition (:mod:`simulator.validation.step_composition`), or the one-line
+    simulated step composition (:mod:`pytest_oam.step_composition`), or the one-line
     reason it could not be made; ``None`` without those files. Reported, not gated on."""
-    from simulator.validation.step_composition import StepCompositionError, compare, has_step_trace
+    from pytest_oam.step_composition import StepCompositionError, compare, has_step_trace
 
     if not has_step_trace(path):
         return None
     try:
-        return compare(path, hardware or "ascend910b")
+        return compare(path, hardware)
     except (StepCompositionError, ValueError) as exc:
         return f"step composition: not made: {exc}"

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 import simulator
-from simulator.models import QWEN3_0_6B, ParallelLayout
-from simulator.models.llama_memory import stage_params
-from simulator.runtime import NPU, Tensor
-from simulator.validation.step_composition import (
+from pytest_oam.step_composition import (
     StepCompositionError,
     compare,
     host_intervals_s,
     infer_workload,
     measured_composition,
 )
+from simulator.models import QWEN3_0_6B, ParallelLayout
+from simulator.models.llama_memory import stage_params
+from simulator.runtime import NPU, Tensor
 
 REAL = Path(__file__).parent / "data" / "realdata"
 LLM = REAL / "ascend-msinsight-llm-pp2dp2-level2-rank0"
@@ -97,3 +97,16 @@ def test_folder_without_step_trace(tmp_path):
         measured_composition(tmp_path)
     with pytest.raises(StepCompositionError, match="profiler_metadata.json"):
         infer_workload(tmp_path)
+
+
+def test_a_damaged_step_trace_gets_the_step_trace_readers_message(tmp_path):
+    # Newcomer: the step composition parsed the file again on its own and leaked Python's
+    # exception names ("KeyError: 'Stage'"); it now reads it with the project's reader
+    import shutil
+
+    copy = tmp_path / "llm"
+    shutil.copytree(LLM, copy)
+    (copy / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv").write_text("Device_id,Step\n0,13\n", encoding="utf-8")
+    with pytest.raises(StepCompositionError, match="step_trace_time.csv: no 'Computing'") as info:
+        measured_composition(copy)
+    assert "KeyError" not in str(info.value)

@@ -233,7 +233,7 @@ def _rank_of(folder: Path) -> int:
                    if (m := re.fullmatch(r"profiler_info_(\d+)\.json", p.name)))
     if len(found) == 1:
         return found[0]
-    rank = _metadata(folder).get("distributed_args", {}).get("rank") if not found else None
+    rank = profiler_metadata(folder).get("distributed_args", {}).get("rank") if not found else None
     if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
         return rank
     what = "several profiler_info_<rank>.json files" if found else "no profiler_info_<rank>.json"
@@ -241,7 +241,13 @@ def _rank_of(folder: Path) -> int:
                        "cannot tell which rank this torch_npu output folder is")
 
 
-def _metadata(folder: Path) -> dict:
+def profiler_metadata(folder: str | Path) -> dict:
+    """The folder's ``profiler_metadata.json`` (``{}`` without one).
+
+    Raises:
+        ImportError_: not UTF-8 or not valid JSON, naming the file.
+    """
+    folder = Path(folder)
     path = folder / "profiler_metadata.json"
     if not path.is_file():
         return {}
@@ -255,7 +261,7 @@ def _metadata(folder: Path) -> dict:
 def _pp_stage(folder: Path) -> int | None:
     """The rank's pipeline stage: its place (``group_rank``) in its ``pp`` group of
     ``parallel_group_info`` (Megatron names the group ``pp``); ``None`` without one."""
-    groups = _metadata(folder).get("parallel_group_info")
+    groups = profiler_metadata(folder).get("parallel_group_info")
     if not isinstance(groups, dict):
         return None
     for group in groups.values():

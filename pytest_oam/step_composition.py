@@ -24,14 +24,17 @@ splits.
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..hardware import HardwareSpec, load_hardware
+from simulator.hardware import HardwareSpec, load_hardware
+from simulator.units import S_PER_US
+
+from .files.importers import ImportError_, read_ascend_csv
+from .files.step_trace import profiler_metadata, read_step_trace
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -88,23 +91,23 @@ def has_step_trace(path: str | Path) -> bool:
 
 
 def measured_composition(path: str | Path) -> Composition:
-    """The first row of the profile's ``step_trace_time.csv`` (microseconds) in seconds.
+    """The first step of the profile's ``step_trace_time.csv``, in seconds (its step: Computing +
+    Communication(Not Overlapped) + Free, as :mod:`.files.step_trace` reads the file).
 
     Raises:
-        StepCompositionError: no such file, or a row without the columns msprof writes.
+        StepCompositionError: no such file, or one the step trace reader refuses (named).
     """
-    file = _output_dir(Path(path)) / "step_trace_time.csv"
-    with file.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
+    trace = _step_trace(Path(path))
+    return Composition(step_s=trace.computing_s + trace.communication_exposed_s + trace.free_s,
+                       computing_s=trace.computing_s, communication_exposed_s=trace.communication_exposed_s,
+                       free_s=trace.free_s)
+
+
+def _step_trace(path: Path):
     try:
-        row = rows[0]
-        values = {k: float(row[c]) * 1e-6 for k, c in (("step_s", "Stage"), ("computing_s", "Computing"),
-                                                     ("communication_exposed_s", "Communication(Not Overlapped)"),
-                                                     ("free_s", "Free"))}
-    except (IndexError, KeyError, TypeError, ValueError) as exc:
-        raise StepCompositionError(f"{file}: no step row with Stage, Computing, Communication(Not Overlapped) "
-                                   f"and Free ({type(exc).__name__}: {exc})") from None
-    return Composition(**values)
+        return read_step_trace(_output_dir(path) / "step_trace_time.csv")[0][1]
+    except ImportError_ as exc:
+        raise StepCompositionError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -151,17 +154,18 @@ def infer_workload(path: str | Path) -> InferredWorkload:
     path = Path(path)
     meta_file = path / "profiler_metadata.json"
     try:
-        args = json.loads(meta_file.read_text(encoding="utf-8"))["distributed_args"]
+        args = profiler_metadata(path)["distributed_args"]
         tp, pp, dp = (int(args[k]) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
                                              "data_parallel_size"))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except ImportError_ as exc:
+        raise StepCompositionError(str(exc)) from None
+    except (ValueError, KeyError, TypeError):
         raise StepCompositionError(f"{meta_file}: no distributed_args with the tensor, pipeline and data parallel "
-                                   f"sizes ({type(exc).__name__})") from None
+                                   "sizes") from None
     kernels = _output_dir(path) / "kernel_details.csv"
     if not kernels.is_file():
         raise StepCompositionError(f"{kernels}: missing; the workload is read from its kernels")
-    with kernels.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _kernel_rows(kernels)
     by_type: dict[str, list[dict[str, str]]] = {}
     for row in rows:
         by_type.setdefault(row.get("Type", ""), []).append(row)
@@ -190,10 +194,16 @@ def infer_workload(path: str | Path) -> InferredWorkload:
     micro = max(1, transfers - (pp - 1)) if pp > 1 else len(by_type.get("GatherV2", [])) or 1
     layers = len(by_type["FlashAttentionScore"]) // micro
     zero = 1 if any(r.get("Name", "").startswith("hcom_reduceScatter") for r in rows) else 0
-    with (_output_dir(path) / "step_trace_time.csv").open(newline="", encoding="utf-8") as handle:
-        overlapped = float(next(csv.DictReader(handle)).get("Overlapped") or 0.0)
+    overlapped_s = _step_trace(path).overlapped_s
     return InferredWorkload(vocab, hidden, ffn, heads, kv_heads, head_dim, layers, seq, tp, dp, pp, micro, zero,
-                            bool(head_norms), overlapped > 0)
+                            bool(head_norms), overlapped_s > 0)
+
+
+def _kernel_rows(kernels: Path) -> list[dict[str, str]]:
+    try:
+        return read_ascend_csv(kernels).rows
+    except ImportError_ as exc:
+        raise StepCompositionError(str(exc)) from None
 
 
 # -- the simulated step ------------------------------------------------------------------------------
@@ -255,9 +265,9 @@ def profiled_hardware(hw: HardwareSpec) -> HardwareSpec:
 
 def simulate_workload(work: InferredWorkload, hw: HardwareSpec, dtype: str = "bf16"):
     """Simulate one step of ``work`` on ``hw`` (rank 0; its profile)."""
-    from ..models import ParallelLayout, training_step
-    from ..models.llama_config import LlamaConfig
-    from ..runtime import run
+    from simulator.models import ParallelLayout, training_step
+    from simulator.models.llama_config import LlamaConfig
+    from simulator.runtime import run
 
     config = LlamaConfig("inferred", work.hidden_size, work.ffn_hidden_size, work.num_heads, work.num_kv_heads,
                          work.num_layers, work.vocab_size, head_size=work.head_dim, qk_norm=work.qk_norm,
@@ -297,20 +307,22 @@ def composition_text(result: StepComposition) -> str:
     """A table: part, measured, simulated, error."""
     from tabulate import tabulate
 
+    from .format import fmt_percent, fmt_us, to_ms
+
     rows = []
     for key, label in (("step_s", "step"), ("computing_s", "computing"),
                        ("communication_exposed_s", "communication (not overlapped)"), ("free_s", "free")):
         real, sim = getattr(result.measured, key), getattr(result.simulated, key)
         err = result.error_frac.get(key)
-        rows.append([label, f"{real * 1e3:.1f}", f"{sim * 1e3:.1f}", "" if err is None else f"{err:+.1%}"])
+        rows.append([label, f"{to_ms(real):.1f}", f"{to_ms(sim):.1f}", "" if err is None else fmt_percent(err, 1, signed=True)])
     w = result.workload
     head = (f"step composition of rank 0 (step_trace_time.csv) vs simulated on {result.hardware}, host "
-            f"{result.host_dispatch_s * 1e6:.0f} us per kernel; workload inferred: vocab {w['vocab_size']}, hidden "
+            f"{fmt_us(result.host_dispatch_s, 0)} per kernel; workload inferred: vocab {w['vocab_size']}, hidden "
             f"{w['hidden_size']}, {w['layers_per_stage'] * w['pipeline_parallel']} layers, {w['num_heads']}/"
             f"{w['num_kv_heads']} heads of {w['head_dim']}, FFN {w['ffn_hidden_size']}, seq {w['seq_len']}, tp "
             f"{w['tensor_parallel']} x dp {w['data_parallel']} x pp {w['pipeline_parallel']}, {w['micro_batches']} "
             f"micro-batches, ZeRO-{w['zero_stage']}")
-    verdict = f"{'PASS' if result.passed else 'FAIL'}: each part within {result.max_error_frac:.0%}"
+    verdict = f"{'PASS' if result.passed else 'FAIL'}: each part within {fmt_percent(result.max_error_frac)}"
     return "\n".join([head, tabulate(rows, headers=["part", "measured ms", "simulated ms", "error"],
                                      disable_numparse=True), verdict])
 
@@ -326,18 +338,17 @@ def host_intervals_s(kernel_details: str | Path, margin_s: float = 2e-3) -> list
         StepCompositionError: the file has no Start Time(us) / Duration(us) columns.
     """
     file = Path(kernel_details)
-    with file.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _kernel_rows(file)
     try:
-        tasks = sorted(((float(r["Start Time(us)"].strip()) * 1e-6, float(r["Duration(us)"]) * 1e-6,
-                         r.get("Accelerator Core", ""), r.get("Type", "")) for r in rows))
-    except (KeyError, ValueError, AttributeError) as exc:
-        raise StepCompositionError(f"{file}: no Start Time(us) and Duration(us) per kernel ({exc})") from None
+        tasks = sorted((float(r["Start Time(us)"].strip()) * S_PER_US, float(r["Duration(us)"]) * S_PER_US,
+                        r.get("Accelerator Core", ""), r.get("Type", "")) for r in rows)
+    except (KeyError, ValueError, AttributeError):
+        raise StepCompositionError(f"{file}: no Start Time(us) and Duration(us) per kernel") from None
     comm = [(s, s + d) for s, d, core, _ in tasks if core in ("HCCL", "COMMUNICATION")]
     compute = [(s, d) for s, d, core, kind in tasks
                if core not in ("HCCL", "COMMUNICATION") and not kind.startswith("DSA")]
     out = []
-    for (s0, d0), (s1, _) in zip(compute, compute[1:]):
+    for (s0, d0), (s1, _) in pairwise(compute):
         gap_start, gap_end = s0 + d0, s1
         if gap_end <= gap_start:
             continue  # the device went straight on: device-bound
