@@ -11,23 +11,24 @@ hardware file (the schema of ``simulator/hardware/*.json``) with the provenance 
   time (the median ratio: half the kernels end slower, half faster; robust to the odd kernel
   that waited or was preempted). An op type with fewer than ``min_kernels`` kernels keeps the
   base's scale. :func:`simulator.costs.op_cost` multiplies each op's duration by its type's scale.
-* ``launch.host_dispatch_s``, the host time to issue one eager kernel
-  (:func:`simulator.runtime.timeline.dispatch`: the host issues kernels one after another that
-  far apart, and a kernel starts once its stream is free and the host has issued it; kernels
-  shorter than that leave the device idle, and the start-to-start interval of two such kernels
-  is the host's interval): the median start-to-start interval of consecutive kernels on the
-  compute stream with the device idle between them (the gap longer than
-  :data:`HOST_WAIT_MIN_GAP_S`), no collective ending in the gap (the device may have waited
-  for it rather than for the host), and the second kernel not a fused attention kernel, whose
-  longer host call the spec may cost apart (``launch.attention_host_dispatch_s``, kept from the
-  base).
+* ``profiler.profiled_host_dispatch_s``, the host time to issue one eager kernel while
+  torch_npu's profiler records (:func:`simulator.runtime.timeline.dispatch`: the host issues
+  kernels one after another that far apart, and a kernel starts once its stream is free and the
+  host has issued it; kernels shorter than that leave the device idle, and the start-to-start
+  interval of two such kernels is the host's interval): the mean of :func:`host_intervals_s`
+  over the profiles. The mean, not the median: a stretch of host-bound kernels lasts the sum of
+  their intervals, so the mean is the constant interval that gives it the same length (the
+  intervals are skewed: on the real LLM profile median 107 us, mean 174 us, and only the mean
+  brings that step's idle time near the measured one; docs/validation.md). It is what a simulated step is compared with when the real step was
+  profiled (``oam validate --profile``'s step composition). ``launch.host_dispatch_s``, the host
+  time of an unprofiled run, is kept from the base: the interval includes the profiler's own
+  host overhead (record_shapes, with_stack), which a profile cannot separate.
 
 What the fit does not capture: a kernel's error that depends on its shape within an op type (a
 scale moves every kernel of a type alike, so the launch floor of small kernels and the
 efficiency of large ones cannot both be fitted); op types the replay cannot re-cost (``SwiGlu``,
-HCCL tasks, convolutions); collectives, pipeline bubbles and synchronisations; and the
-profiler's own host overhead, which the fitted host interval includes (a profiled run issues
-kernels more slowly than an unprofiled one).
+HCCL tasks, convolutions); collectives, pipeline bubbles and synchronisations; and the host
+time of an unprofiled run (the fitted interval includes the profiler's own host overhead).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from datetime import datetime, timezone
+from itertools import pairwise
 from pathlib import Path
 
-from .kernel_replay import ReplayedKernel, ReplayedKernels, ReplayError, replay_kernels
+from .files.importers import AscendCsv
+from .kernel_replay import ReplayedKernel, ReplayError, replay_kernels
 
 #: Fewest kernels of an op type for its scale to be fitted (and fewest host gaps for the host
 #: interval): a median of fewer is one or two kernels' noise.
@@ -52,6 +55,12 @@ HOST_WAIT_MIN_GAP_S = 1e-6
 #: The Accelerator Core of a kernel that runs the Cube and Vector units together (torch_npu's
 #: FlashAttentionScore and its gradient in the LLM profile).
 MIX_CUBE_CORE = "MIX_AIC"
+
+
+#: The interconnect field each transport of a profile's communication files sets (SIO, the
+#: die-to-die link of a dual-die package, has none in the hardware files).
+LINK_FIELDS = {"HCCS": "hccs_link_bandwidth_bytes_per_s", "PCIE": "pcie_bandwidth_bytes_per_s",
+               "RDMA": "roce_bandwidth_bytes_per_s"}
 
 
 class CalibrationError(ValueError):
@@ -67,32 +76,100 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def host_intervals_s(replayed: ReplayedKernels) -> list[float]:
-    """Start-to-start intervals, in seconds, of consecutive kernels on the profile's compute
-    stream (its ``Stream ID`` with the most non-HCCL kernels) where the device was idle between
-    them (longer than :data:`HOST_WAIT_MIN_GAP_S`), both in the same step, no collective (an HCCL
-    task) ended in the gap, and the second is not a fused attention kernel (``MIX_AIC``: the
-    Cube and Vector units together, whose host call the spec may cost apart,
-    ``launch.attention_host_dispatch_s``; not fitted here)."""
-    ops, rows = replayed.read.profile.ops, replayed.read.rows
-    compute = [(op, row.get("Stream ID", "").strip()) for op, row in zip(ops, rows, strict=True)
-               if op.stream != "hccl"]
-    if not compute:
+def host_intervals_s(read: AscendCsv) -> list[float]:
+    """The host's time per kernel where the host was the bottleneck, read from a real
+    ``kernel_details.csv`` (``read``: :func:`pytest_oam.files.importers.read_ascend_csv` of it):
+    the start-to-start intervals, in seconds, of consecutive kernels (``before``, ``after``) on
+    the profile's compute stream (its ``Stream ID`` with the most non-HCCL tasks) where
+
+    * both are in the same step (a step boundary is the training loop's own host work);
+    * the device sat idle between them, longer than :data:`HOST_WAIT_MIN_GAP_S` (otherwise the
+      device, not the host, set the pace);
+    * no other device task (another stream's kernel, a DSA task, a collective) started between
+      their starts: the host issued nothing else in between, so the interval is one issue;
+    * no collective (an HCCL task) ended in the idle gap: the compute stream may have waited for
+      it rather than for the host. A collective running across the whole gap is no reason to
+      leave the pair out: it runs on its own stream, and the compute stream went on beside it
+      (the AlexNet profiles' first gradient all-reduce runs 79 ms across the whole backward,
+      whose kernels still start about 100 us apart);
+    * ``after`` is not a fused attention kernel (Accelerator Core ``MIX_AIC``: the Cube and
+      Vector units together), whose longer host call the spec may cost apart
+      (``launch.attention_host_dispatch_s``; not measured here).
+
+    The one definition of ``oam calibrate``'s fitted ``profiler.profiled_host_dispatch_s`` and of
+    the bundled specs' (tests/test_step_composition.py recomputes it). The intervals include the
+    profiler's own host overhead: the profile was collected under it.
+    """
+    ops, rows = read.profile.ops, read.rows
+    streams = [row.get("Stream ID", "").strip() for row in rows]
+    counts = Counter(s for op, s in zip(ops, streams, strict=True) if op.stream != "hccl")
+    if not counts:
         return []
-    stream = Counter(s for _, s in compute).most_common(1)[0][0]
-    kernels = sorted((op for op, s in compute if s == stream), key=lambda op: op.start_s)
-    collective_ends = sorted(op.start_s + op.duration_s for op in ops if op.stream == "hccl")
+    stream = counts.most_common(1)[0][0]
+    tasks = sorted(zip(ops, streams, strict=True), key=lambda task: task[0].start_s)  # every device task
+    on_stream = [i for i, (op, s) in enumerate(tasks) if op.stream != "hccl" and s == stream]
+    collective_ends = [op.start_s + op.duration_s for op in ops if op.stream == "hccl"]
     intervals = []
-    for before, after in zip(kernels, kernels[1:]):
+    for i, j in pairwise(on_stream):
+        before, after = tasks[i][0], tasks[j][0]
         idle_from, idle_to = before.start_s + before.duration_s, after.start_s
         if before.step != after.step or idle_to - idle_from <= HOST_WAIT_MIN_GAP_S:
             continue
+        if j != i + 1:
+            continue  # another task started between them: the host issued it in the interval
         if any(idle_from <= end <= idle_to for end in collective_ends):
             continue
         if str(after.attrs.get("accelerator_core", "")).upper() == MIX_CUBE_CORE:
             continue  # a fused attention call: the host's own interval, launch.attention_host_dispatch_s
         intervals.append(after.start_s - before.start_s)
     return intervals
+
+
+def communication_file(csv_path: Path) -> Path | None:
+    """The communication file beside a profile's ``kernel_details.csv``: its
+    ``communication_matrix.json``, else its ``communication.json``, else None."""
+    from .files.communication_matrix import COMMUNICATION_FILE, MATRIX_FILE
+
+    for name in (MATRIX_FILE, COMMUNICATION_FILE):
+        if (csv_path.parent / name).is_file():
+            return csv_path.parent / name
+    return None
+
+
+def fit_link_rates(files: list[Path], base) -> dict[str, dict]:
+    """Per transport with a field in the hardware file (:data:`LINK_FIELDS`), the rate the
+    profiles' communication files show (their summed collectives' bytes over transit time,
+    :func:`pytest_oam.files.communication_matrix.read_link_rates`, pooled over the files) and
+    the value to write: that over ``base``'s ``interconnect.link_efficiency_frac``, which the cost
+    model applies, rounded to 0.1 GB/s.
+
+    Raises:
+        CalibrationError: a communication file that cannot be read (the message names it).
+    """
+    from .files.communication_matrix import read_link_rates
+    from .files.realfile import ImportError_
+
+    pooled: dict[str, list[float]] = {}
+    for file in files:
+        try:
+            rates = read_link_rates(file)
+        except ImportError_ as exc:
+            raise CalibrationError(str(exc)) from None
+        for transport, rate in rates.items():
+            total = pooled.setdefault(transport, [0.0, 0.0])
+            total[0] += rate.transit_bytes
+            total[1] += rate.transit_s
+    ic = base.interconnect
+    fits = {}
+    for transport, (nbytes, seconds) in sorted(pooled.items()):
+        field = LINK_FIELDS.get(transport)
+        if field is None:
+            continue
+        achieved = nbytes / seconds
+        fits[transport] = {"field": field, "achieved_bytes_per_s": achieved, "transit_bytes": nbytes,
+                           "before_bytes_per_s": getattr(ic, field),
+                           "fitted_bytes_per_s": round(achieved / ic.link_efficiency_frac, -8) or achieved}
+    return fits
 
 
 def _median_abs(errors: list[float]) -> float:
@@ -240,10 +317,12 @@ def calibrate(profiles: list[str | Path], output: str | Path, hardware: str | No
         raise CalibrationError(f"no kernel of {', '.join(map(str, paths))} could be re-costed: nothing to fit "
                                "(oam validate --profile says why, kernel type by kernel type)")
     fits = fit_time_scales(kernels, min_kernels)
-    intervals = {str(r.csv_path): host_intervals_s(r) for r in replays}
+    intervals = {str(r.csv_path): host_intervals_s(r.read) for r in replays}
     every_interval = [i for found in intervals.values() for i in found]
-    host_fitted = (round(statistics.median(every_interval), 12)  # whole picoseconds: the file stays readable
+    host_fitted = (round(statistics.fmean(every_interval), 12)  # whole picoseconds: the file stays readable
                    if len(every_interval) >= min_kernels else None)
+    comm_files = [f for f in (communication_file(r.csv_path) for r in replays) if f is not None]
+    link_rates = fit_link_rates(comm_files, base)
     base_scales = base.calibration.op_time_scale if base.calibration is not None else {}
     scales = {t: f["scale"] for t, f in fits.items()}
     op_time_scale = {name: {"time_scale": s.time_scale, "kernels": 0, "fitted": False,
@@ -257,10 +336,15 @@ def calibrate(profiles: list[str | Path], output: str | Path, hardware: str | No
     names = ", ".join(f"{r.csv_path} ({len(r.kernels):,} kernels)" for r in replays)
     source = (f"calibration: oam calibrate fitted {base_name} to {names}: op_time_scale is, per simulator op type with "
               f"at least {min_kernels} re-costed kernels, the median of measured / simulated time per kernel "
-              "(pytest_oam/calibrate.py); launch.host_dispatch_s is the median start-to-start interval of consecutive "
-              "compute-stream kernels with the device idle between them and no collective ending in the gap "
-              f"({len(every_interval):,} such pairs), or the base's value when fewer. Measured under the profiler, "
-              "whose own host overhead the interval includes")
+              "(pytest_oam/calibrate.py); profiler.profiled_host_dispatch_s is the mean host interval per kernel "
+              "(pytest_oam.calibrate.host_intervals_s: consecutive compute-stream kernels in one step with the device "
+              "idle between them, nothing else issued between and no collective ending in the gap; "
+              f"{len(every_interval):,} such pairs), or the base's value when fewer than {min_kernels}. Measured under "
+              "the profiler, whose own host overhead the interval includes, so launch.host_dispatch_s (unprofiled "
+              "runs) is kept from the base"
+              + ("; interconnect " + ", ".join(f"{f['field']}" for f in link_rates.values()) + ": the bytes over transit "
+                 "time of the summed collectives in " + ", ".join(map(str, comm_files)) + ", over "
+                 "interconnect.link_efficiency_frac (pytest_oam.calibrate.fit_link_rates)" if link_rates else ""))
     calibration = {
         "source": source, "base_hardware": base_name,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -268,23 +352,30 @@ def calibrate(profiles: list[str | Path], output: str | Path, hardware: str | No
         "profiles": [{"path": str(r.csv_path), "sha256": file_sha256(r.csv_path), "kernels": len(r.kernels),
                       "host_gaps": len(intervals[str(r.csv_path)])} for r in replays],
         "min_kernels": min_kernels, "op_time_scale": op_time_scale,
-        "host_dispatch_s_before": base.launch.host_dispatch_s, "host_dispatch_s_fitted": host_fitted,
+        "profiled_host_dispatch_s_before": base.profiler.profiled_host_dispatch_s,
+        "profiled_host_dispatch_s_fitted": host_fitted,
         "kernels": len(kernels), "median_abs_error_frac_before": median_abs_error(kernels),
         "median_abs_error_frac_after": median_abs_error(kernels, scales),
+        "link_rates": link_rates,
     }
     CalibrationSpec.model_validate(calibration)  # our own output: fail here, not when it is read back
     data = base.model_dump(mode="json")
     name = output.stem if output.stem not in list_hardware() else f"{output.stem}-calibrated"
     data.update(name=name, display_name=f"{base.display_name}, calibrated ({output.name})", calibration=calibration)
     if host_fitted is not None:
-        data["launch"]["host_dispatch_s"] = host_fitted
-        data["launch"]["source"] += (f". host_dispatch_s: replaced by oam calibrate ({base.launch.host_dispatch_s:g} s in "
-                                     f"{base_name}): see the calibration group")
-        # the fit is a profiled run's host time, so it is also what a profiled step is compared with
-        # (oam validate --profile's step composition)
+        # a profiled run's host time per kernel: what a profiled step is compared with (oam validate
+        # --profile's step composition); launch.host_dispatch_s (unprofiled runs) stays the base's,
+        # as the profile cannot separate the profiler's own host overhead from the dispatch
+        before = base.profiler.profiled_host_dispatch_s
         data["profiler"]["profiled_host_dispatch_s"] = host_fitted
-        data["profiler"]["source"] += (". profiled_host_dispatch_s: the host_dispatch_s oam calibrate fitted (the "
-                                       "profiles it was fitted to were profiled runs)")
+        data["profiler"]["source"] += (". profiled_host_dispatch_s: replaced by oam calibrate ("
+                                       + ("none" if before is None else f"{before:g} s") + f" in {base_name}): the "
+                                       "mean host interval of the profiles, see the calibration group")
+    for transport, fit in link_rates.items():
+        data["interconnect"][fit["field"]] = fit["fitted_bytes_per_s"]
+        data["interconnect"]["source"] += (f". {fit['field']}: replaced by oam calibrate ({fit['before_bytes_per_s']:g} "
+                                           f"in {base_name}): the {transport} rate of the profiles' communication "
+                                           "files, see the calibration group")
     HardwareSpec.model_validate(data)
     output.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(output, json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -296,20 +387,25 @@ def calibration_text(calibration: dict, output: Path, fmt: str = "simple") -> st
     median |error| before and after."""
     from tabulate import tabulate
 
-    from .format import fmt_percent, fmt_time, table_cell
+    from .format import fmt_bytes, fmt_gb_per_s, fmt_percent, fmt_time, table_cell
 
     rows = [(table_cell(t, fmt), f["kernels"], f"{f['time_scale']:.3f}" if f["fitted"] else "kept",
              fmt_percent(f["median_abs_error_frac_before"], 1), fmt_percent(f["median_abs_error_frac_after"], 1))
             for t, f in sorted(calibration["op_time_scale"].items()) if f["kernels"]]
-    lines = [f"calibrated {calibration['base_hardware']} to {len(calibration['profiles'])} profile(s), "
-             f"{calibration['kernels']:,} kernels re-costed", "",
+    lines = [(f"calibrated {calibration['base_hardware']} to {len(calibration['profiles'])} profile(s), "
+              f"{calibration['kernels']:,} kernels re-costed"), "",
              tabulate(rows, headers=("op type", "kernels", "time scale", table_cell("median |error| before", fmt), "after"),
                       tablefmt=fmt, disable_numparse=True), ""]
-    host = calibration["host_dispatch_s_fitted"]
+    host, before = calibration["profiled_host_dispatch_s_fitted"], calibration["profiled_host_dispatch_s_before"]
     gaps = sum(p["host_gaps"] for p in calibration["profiles"])
-    lines.append(f"host dispatch per kernel: {fmt_time(calibration['host_dispatch_s_before'])} -> "
+    lines.append(f"host dispatch per kernel under the profiler: {'none' if before is None else fmt_time(before)} -> "
                  + (f"{fmt_time(host)} ({gaps:,} host gaps)" if host is not None
-                    else f"kept ({gaps} host gaps, fewer than {calibration['min_kernels']})"))
+                    else f"kept ({gaps} host gaps, fewer than {calibration['min_kernels']})")
+                 + "; launch.host_dispatch_s kept: a profile cannot separate the profiler's overhead")
+    for transport, fit in sorted(calibration.get("link_rates", {}).items()):
+        lines.append(f"{transport} links: {fmt_gb_per_s(fit['achieved_bytes_per_s'])} achieved over "
+                     f"{fmt_bytes(fit['transit_bytes'])}; interconnect.{fit['field']} "
+                     f"{fmt_gb_per_s(fit['before_bytes_per_s'])} -> {fmt_gb_per_s(fit['fitted_bytes_per_s'])}")
     lines.append(f"median |error| per kernel: {fmt_percent(calibration['median_abs_error_frac_before'], 1)} before, "
                  f"{fmt_percent(calibration['median_abs_error_frac_after'], 1)} after")
     lines.append(f"wrote {table_cell(output, fmt)}: use it as --oam-hardware {table_cell(output, fmt)}, "

@@ -545,7 +545,7 @@ def replay_kernels(path: str | Path, hardware: str | None = None) -> ReplayedKer
     Raises:
         ReplayError: as :func:`replay_profile`.
     """
-    from simulator.costs import op_cost
+    from simulator.costs import check_calibration, op_cost
     from simulator.hardware import load_hardware
 
     csv_path = kernel_details_path(path)
@@ -561,6 +561,10 @@ def replay_kernels(path: str | Path, hardware: str | None = None) -> ReplayedKer
     except ReplayError as exc:
         raise ReplayError(f"{csv_path}: {exc}") from None
     hw = load_hardware(check.spec)
+    try:
+        check_calibration(hw)  # a typo in op_time_scale would scale nothing
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
     kernels: list[ReplayedKernel] = []
     skipped: dict[tuple[str, str], list] = defaultdict(list)  # (kernel type, reason) -> ops
     simulated_s: dict[OpSpec, float] = {}  # one cost per distinct op

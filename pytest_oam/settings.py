@@ -102,12 +102,13 @@ def check_hardware(name: str, where: str, folder: Path | str | None = None) -> s
     Raises:
         pytest.UsageError: an unknown name, or a file that cannot be used (naming it and the field).
     """
+    from simulator.costs import check_calibration
     from simulator.hardware import is_hardware_path, list_hardware, load_hardware
 
     if is_hardware_path(name):
         path = Path(folder or ".", name).absolute()
         try:
-            load_hardware(str(path))
+            check_calibration(load_hardware(str(path)))
         except ValueError as exc:
             raise usage_error(f"{where}: {exc}") from None
         return str(path)

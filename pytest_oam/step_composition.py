@@ -18,20 +18,19 @@ of the 1F1B schedule; ``FlashAttentionScore`` kernels / micro-batches the layers
 overlap of the gradient reduction with backward).
 
 :func:`compare` simulates that workload with the host's per-kernel time of a profiled run
-(``profiler.profiled_host_dispatch_s`` of the hardware file, when it has one) and returns both
-splits.
+(``profiler.profiled_host_dispatch_s`` of the hardware file, when it has one: for the bundled
+specs the median of :func:`pytest_oam.calibrate.host_intervals_s` over the two AlexNet profiles,
+for a file ``oam calibrate`` wrote the same measure on its profiles) and returns both splits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.hardware import HardwareSpec, load_hardware
-from simulator.units import S_PER_US
 
 from .files.importers import ImportError_, read_ascend_csv
 from .files.step_trace import profiler_metadata, read_step_trace
@@ -326,33 +325,3 @@ def composition_text(result: StepComposition) -> str:
     return "\n".join([head, tabulate(rows, headers=["part", "measured ms", "simulated ms", "error"],
                                      disable_numparse=True), verdict])
 
-
-def host_intervals_s(kernel_details: str | Path, margin_s: float = 2e-3) -> list[float]:
-    """Start-to-start intervals of consecutive compute-stream kernels of a real
-    ``kernel_details.csv`` where the device sat idle between them (waiting for the host), in
-    seconds: the host's time per kernel where the host was the bottleneck. Pairs with a
-    collective running, starting or ending within ``margin_s`` of the gap are left out (the
-    device may have waited for it), as are DSA and HCCL tasks.
-
-    Raises:
-        StepCompositionError: the file has no Start Time(us) / Duration(us) columns.
-    """
-    file = Path(kernel_details)
-    rows = _kernel_rows(file)
-    try:
-        tasks = sorted((float(r["Start Time(us)"].strip()) * S_PER_US, float(r["Duration(us)"]) * S_PER_US,
-                        r.get("Accelerator Core", ""), r.get("Type", "")) for r in rows)
-    except (KeyError, ValueError, AttributeError):
-        raise StepCompositionError(f"{file}: no Start Time(us) and Duration(us) per kernel") from None
-    comm = [(s, s + d) for s, d, core, _ in tasks if core in ("HCCL", "COMMUNICATION")]
-    compute = [(s, d) for s, d, core, kind in tasks
-               if core not in ("HCCL", "COMMUNICATION") and not kind.startswith("DSA")]
-    out = []
-    for (s0, d0), (s1, _) in pairwise(compute):
-        gap_start, gap_end = s0 + d0, s1
-        if gap_end <= gap_start:
-            continue  # the device went straight on: device-bound
-        if any(cs < gap_end + margin_s and ce > gap_start - margin_s for cs, ce in comm):
-            continue
-        out.append(s1 - s0)
-    return out

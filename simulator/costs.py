@@ -27,11 +27,12 @@ AI Cores and the kernel's duration.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .hardware import HardwareSpec
+from .hardware import HardwareFileError, HardwareSpec, hardware_file_path
 from .units import DTYPE_BYTES
 from .vector_profiles import GENERIC_OP_CLASSES, GENERIC_OP_PREFIX, VECTOR_PROFILES, VectorProfile
 
@@ -147,6 +148,10 @@ class _Kernel:
     kernel_count: int = 1
     mix: bool = False  # runs the Cube and Vector units in one kernel (its own launch floor)
     fixpipe_s_per_block: float = 0.0  # Cube core's FixPipe (L0C -> GM) time: the split chip's hand-off
+    # Bytes the Vector cores' own MTE2/MTE3 queues move between global memory (through L2) and
+    # their Unified Buffers, whole kernel: on the split chip the scores they read and the tiles
+    # they write back for the Cube. A pipeline part of its own (other queues, other cores).
+    vector_l2_bytes: float = 0.0
 
 
 def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
@@ -169,6 +174,10 @@ def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
     cube_s = waves * k.cube_s_per_block
     vector_s = waves * k.vector_s_per_block
     parts = (cube_s, vector_s, mte_s) + ((waves * k.fixpipe_s_per_block,) if k.fixpipe_s_per_block else ())
+    if k.vector_l2_bytes:
+        # No published rate for a Vector core's MTE2/MTE3 alone: the chip's L2 bandwidth, which
+        # all of the kernel's transfers share, bounds them.
+        parts += (k.vector_l2_bytes / mem.l2_bandwidth_bytes_per_s,)
     busy_s = pipelined_time_s(parts, k.stages, waves * k.iterations)
     floor_s = hw.launch.mix_kernel_launch_latency_s if k.mix else hw.launch.kernel_launch_latency_s
     launch_s = floor_s * k.kernel_count
@@ -178,7 +187,7 @@ def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
         duration_s=duration_s,
         flop=k.flop,
         hbm_bytes=k.hbm_bytes,
-        l2_bytes=k.l2_bytes,
+        l2_bytes=k.l2_bytes + k.vector_l2_bytes,
         block_dim=k.block_dim,
         dma_count=k.dma_per_block * k.block_dim,
         ai_core_util_frac=k.block_dim * busy_s / waves / core_capacity_s,
@@ -400,15 +409,14 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
     # Vector work per score element, in fp32 (FlashAttention-2's online softmax):
     # forward: scale, row max, subtract the max, exp, row sum, cast P to fp16 for PV, and
     # the rescale-and-accumulate of the output rows (2 ops per output element, d / block
-    # of them per score element); backward: recompute P (scale, subtract LSE, exp),
-    # dS = P * (dP - D) (subtract, multiply), and cast P and dS to fp16.
+    # of them per score element). Backward: see _fag_vector_s.
     out_per_score = d / block
     if backward:
-        softmax_classes = {"mul": 2, "add": 2, "exp": 1, "cast": 2}
+        vec_per_pair = _fag_vector_s(block, s_q, s_kv, d, spec.dtype, causal, kv_per_q, fusion, hw)
     else:
         softmax_classes = {"mul": 1 + out_per_score, "reduce": 2, "add": 1 + out_per_score, "exp": 1, "cast": 1}
-    # The Vector units beside each Cube unit share the softmax (910B: 2 per AI Core).
-    vec_per_pair = _vector_s(block * block, softmax_classes, "fp32", hw) / hw.vector_units_per_ai_core
+        # The Vector units beside each Cube unit share the softmax (910B: 2 per AI Core).
+        vec_per_pair = _vector_s(block * block, softmax_classes, "fp32", hw) / hw.vector_units_per_ai_core
     pairs_per_block = kv_per_q
     block_dim = b * h * q_blocks
     cube_s = pairs_per_block * cube_per_pair
@@ -453,6 +461,15 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
         hbm_bytes, l2_bytes = unique, max(0.0, reread)
     else:
         hbm_bytes, l2_bytes = unique + max(0.0, reread), 0.0
+    vector_l2_bytes = 0.0
+    if backward and fusion and fixpipe_rate is not None:
+        # The split chip's round trip through the per-core workspace (an L2-resident buffer):
+        # the Vector cores read S and dP and write P and dS (_fag_vector_l2_bytes_per_score), and
+        # the Cube core reads P (for dV) and dS (for dQ and dK, kept in L1 between the two) back
+        # once each, 16-bit (ComputeL1CustomMMDqkv of the SameAB kernel, file cited there).
+        scores_computed = b * h * q_blocks * kv_per_q * min(block, s_q) * min(block, s_kv)
+        vector_l2_bytes = scores_computed * _fag_vector_l2_bytes_per_score(s_kv, elt, kv_per_q, causal)
+        l2_bytes += scores_computed * 2 * elt
     # Useful FLOP: with a causal mask each query row attends to the keys up to its own
     # position (the mask aligned at the bottom right when s_q < s_kv, as FlashAttention-2 does);
     # counted per element, not per block, so a longer sequence never has fewer FLOP.
@@ -472,8 +489,79 @@ def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> O
         kernel_count=kernel_count,
         mix=fusion,
         fixpipe_s_per_block=fixpipe_s,
+        vector_l2_bytes=vector_l2_bytes,
     )
     return _run_kernel(kernel, hw, hw.ai_core.count)
+
+
+# FlashAttentionScoreGrad's Vector side on Atlas A2 (template S1s2Bn2gs1s2SameAb, the one the
+# 910B's tiling picks for 16-bit inputs; see the hardware files' attention workspace source).
+# Sources: kernel github.com/hicann/ops-transformer commit 2f82d47a,
+# attention/flash_attention_score_grad/op_kernel/arch22/flash_attention_score_grad_s1s2_bn2gs1s2_sab.h
+# (ComputeVec, SubGrapA, SubGrapB, ComputeL1CustomMMDqkv); tiling github.com/repo-mirror-test/
+# ops-transformer commit 7ab1fa15, attention/flash_attention_score_grad/op_host/arch32/
+# flash_attention_score_grad_tiling_s1s2_bn2gs1s2_sab.cpp (DoSplit: 512 x 512 Cube blocks,
+# baseMN = 128 x 64; ChooseL1Custom; GetShapeAttrsInfo); SimpleSoftMax: github.com/leideng/
+# CANN-8.1.RC1 commit 4332a013, .../ascendc/include/highlevel_api/impl/activation/softmax/membase/
+# common/simple_softmax_common_impl.h (fp32 basic block: Sub, Exp, Div). Each Vector core takes half of the Cube core's
+# score block in sub-blocks of (baseMN / 256) rows x 256 columns and, per sub-block:
+#   SubGrapA: MTE2 reads S (fp32) and the row max and sum (8 fp32 each per row), [the causal mask
+#     bytes where the sub-block meets the diagonal], Muls by the scale, SelectWithBytesMask on
+#     the masked sub-blocks, SimpleSoftMax (Sub max, Exp, Div by sum), Cast to 16 bits, MTE3 writes P;
+#   SubGrapB: MTE2 reads dP = dO V^T (fp32) and the row's softmax-grad term D (8 fp32 per row;
+#     D = rowsum(dO * O) is computed once per row before the main loop, not per block pair),
+#     Sub D, Mul by P, Cast to 16 bits, MTE3 writes dS.
+# With the matmul results in the NZ layout each fp32 tile also takes a Unified Buffer copy and
+# an NZ-to-ND Copy, and each 16-bit tile a copy and an ND-to-NZ Copy before MTE3.
+FAG_VECTOR_S2_COLUMNS = 256  # VEC_S2_LEN: columns of one Vector sub-block
+FAG_ROW_STATS_BYTES = 3 * 8 * 4  # max, sum and D: 8 fp32 each per row, re-read per sub-block
+
+
+def _fag_scores_nz(s_q: int, s_kv: int, d: int, dtype: str) -> bool:
+    """Whether the SameAB tiling writes S and dP in the NZ layout (mm1IsNZOut): 16-bit inputs
+    with a key length not a multiple of 128 below 5000, or bf16 with head dim 128 and both
+    sequences >= 512 (ChooseL1Custom; it also asks for no PSE, no dropout, non-deterministic
+    mode and 512 x 512 blocks, which the model does not represent and assumes)."""
+    if DTYPE_BYTES[dtype] != 2:
+        return False
+    return (s_kv % 128 != 0 and s_kv < 5000) or (dtype == "bf16" and d == 128 and min(s_q, s_kv) >= 512)
+
+
+def _fag_mask_frac(causal: bool, kv_per_q: float) -> float:
+    """Share of the computed score blocks that carry the causal mask: the diagonal one of each
+    Q block's ``kv_per_q`` (the model's block grid, not CANN's sub-blocks)."""
+    return 1.0 / kv_per_q if causal else 0.0
+
+
+def _fag_vector_s(block: int, s_q: int, s_kv: int, d: int, dtype: str, causal: bool, kv_per_q: float,
+                  fusion: bool, hw: HardwareSpec) -> float:
+    """Vector-unit seconds one AI Core spends on one (Q block, K/V block) pair of the backward
+    (its Vector units share the pair), per the instruction list above. The NZ-layout copies are
+    charged only for the fused kernel on a split chip (a FixPipe hand-off rate in the hardware
+    file), where the matmul results reach the Vector cores through global memory."""
+    fp32_classes = {"mul": 2, "add": 2, "exp": 1, "div": 1, "cast": 2}  # Muls, Sub, Exp, Div, Sub, Mul, 2 Casts
+    mask = _fag_mask_frac(causal, kv_per_q)
+    if mask:
+        fp32_classes["max"] = 2 * mask  # SelectWithBytesMask: compare the mask bytes, select
+    half_classes: dict[str, float] = {}
+    split = fusion and hw.cube_unit.fixpipe_bytes_per_cycle_per_core is not None
+    if split and _fag_scores_nz(s_q, s_kv, d, dtype):
+        # UB copies (DataCopy, Copy) run one 256-byte repeat per cycle, counted as add-class.
+        fp32_classes["add"] += 4  # S and dP: copy + NZ-to-ND each
+        half_classes["add"] = 4  # P and dS: copy + ND-to-NZ each, 16-bit
+    elements = block * block
+    seconds = _vector_s(elements, fp32_classes, "fp32", hw)
+    if half_classes:
+        seconds += _vector_s(elements, half_classes, dtype, hw)
+    return seconds / hw.vector_units_per_ai_core
+
+
+def _fag_vector_l2_bytes_per_score(s_kv: int, elt: int, kv_per_q: float, causal: bool) -> float:
+    """Bytes the Vector cores move per score element of the backward: S and dP in (fp32), P and
+    dS out (``elt`` bytes, the input dtype), the row statistics once per sub-block row, one mask
+    byte per element of the masked blocks."""
+    cols = min(FAG_VECTOR_S2_COLUMNS, s_kv)  # CANN's sub-block, whatever the model's block_size
+    return 2 * ACCUMULATOR_BYTES + 2 * elt + FAG_ROW_STATS_BYTES / cols + _fag_mask_frac(causal, kv_per_q)
 
 
 def flash_attention_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
@@ -840,6 +928,36 @@ def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
     sink = b * n * _round_up(s_q, pad) * _round_up(s_kv, pad) // ws.flash_attention_grad_sink_block_elements * fp32
     total = _place(total, sink, align) + buffer
     return _place(total, DTYPE_BYTES["int32"], align) + buffer  # the sink sum's int32
+
+
+def check_calibration(hw: HardwareSpec) -> None:
+    """Refuse a calibrated spec whose ``calibration.op_time_scale`` names an op type with no cost
+    model (:data:`COST_MODELS`; ``aten::`` op types go through :func:`generic_cost` and are
+    accepted): :func:`op_cost` looks the scale up by the op's type, so such a key (a typo,
+    ``Matmul``) would silently scale nothing.
+
+    Called where a spec is put to use for a run (:class:`simulator.runtime.NPU`,
+    :func:`simulator.runtime.recost`, the kernel replay of ``oam validate --profile`` and the
+    plugin's ``--oam-hardware``), not in :func:`op_cost`, whose errors the replay and the recost
+    turn into per-op skip reasons, and not when the file is read: :mod:`simulator.hardware` may
+    not import this module (the import-cycle rule of tests/test_layout.py).
+
+    Raises:
+        HardwareFileError: an unknown op type; the message names the file (or the spec when it
+            was built in memory), the op type and the known op types.
+    """
+    if hw.calibration is None:
+        return
+    unknown = sorted(t for t in hw.calibration.op_time_scale if t not in COST_MODELS and not t.startswith(GENERIC_OP_PREFIX))
+    if not unknown:
+        return
+    where = hardware_file_path(hw) or f"hardware {hw.name!r}"
+    near = difflib.get_close_matches(unknown[0], sorted(COST_MODELS), n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]!r}? op types are case-sensitive)" if near else ""
+    more = f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else ""
+    raise HardwareFileError(f"{where}: field calibration.op_time_scale: {unknown[0]!r}{more} is not a simulator op "
+                            f"type{hint}, so its scale would change nothing; known op types: "
+                            f"{', '.join(sorted(COST_MODELS))}")
 
 
 def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:

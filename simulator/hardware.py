@@ -13,7 +13,16 @@ import re
 from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -227,8 +236,10 @@ class ProfilerSpec(_Group):
     profiled_host_dispatch_s: float | None = Field(
         default=None, ge=0,
         description="Host time to issue one kernel from eager torch_npu while torch_npu's profiler records "
-        "(Level1/Level2, record_shapes): replaces launch.host_dispatch_s when a simulated step is compared with "
-        "such a profile (oam validate --profile's step composition). None: not modelled")
+        "(Level1/Level2, record_shapes), its own host overhead included: the median host interval per kernel of "
+        "such profiles (pytest_oam.calibrate.host_intervals_s; what oam calibrate fits). Replaces "
+        "launch.host_dispatch_s when a simulated step is compared with such a profile (oam validate --profile's "
+        "step composition); never used for an unprofiled run. None: not modelled")
 
 
 class CalibratedProfile(BaseModel):
@@ -239,7 +250,7 @@ class CalibratedProfile(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the file's bytes")
     kernels: NonNegativeInt = Field(description="Its kernels re-costed and used in the fit")
     host_gaps: NonNegativeInt = Field(description="Its kernel pairs on the compute stream where the device "
-                                      "waited for the host (the host_dispatch_s fit)")
+                                      "waited for the host (the profiled_host_dispatch_s fit)")
 
 
 class OpTimeScale(BaseModel):
@@ -254,10 +265,31 @@ class OpTimeScale(BaseModel):
     median_abs_error_frac_after: float = Field(ge=0, description="The same with the fitted scale")
 
 
+class LinkRateFit(BaseModel):
+    """A link rate ``oam calibrate`` fitted from a profile's communication files."""
+
+    model_config = _STRICT
+    field: str = Field(min_length=1, description="The interconnect field written (e.g. hccs_link_bandwidth_bytes_per_s)")
+    achieved_bytes_per_s: PositiveFloat = Field(description="Bytes over transit time of the summed collectives")
+    transit_bytes: PositiveFloat = Field(description="Bytes the links carried in the profiles")
+    before_bytes_per_s: PositiveFloat = Field(description="The base spec's value of the field")
+    fitted_bytes_per_s: PositiveFloat = Field(description="The value written: achieved over the spec's "
+                                              "interconnect.link_efficiency_frac (the cost model applies it)")
+
+
 class CalibrationSpec(_Group):
     """Provenance and fitted values of a spec written by ``oam calibrate`` (``source`` says what
-    was fitted to what). Only ``op_time_scale`` changes what the simulator computes (in
-    :func:`simulator.costs.op_cost`); the fitted ``host_dispatch_s`` is written into ``launch``."""
+    was fitted to what). ``op_time_scale`` changes what the simulator computes (in
+    :func:`simulator.costs.op_cost`); the fitted host interval is written into
+    ``profiler.profiled_host_dispatch_s`` only (used where a simulated step is compared with a
+    profiled one), never into ``launch.host_dispatch_s``: a profile cannot separate the profiler's
+    own host overhead from the host's dispatch.
+
+    Files written by earlier versions of oam calibrate named the host interval ``host_dispatch_s_before`` /
+    ``host_dispatch_s_fitted`` (and wrote it into ``launch`` too); they are read with the fitted
+    value as ``profiled_host_dispatch_s_fitted`` and ``profiled_host_dispatch_s_before`` None
+    (their ``launch.host_dispatch_s`` stays as written: calibrate again to restore the base's).
+    """
 
     base_hardware: str = Field(min_length=1, description="The spec the fit started from (bundled name or path)")
     created_utc: str = Field(min_length=1, description="When the fit ran, ISO 8601 UTC")
@@ -265,13 +297,32 @@ class CalibrationSpec(_Group):
     profiles: list[CalibratedProfile] = Field(min_length=1)
     min_kernels: PositiveInt = Field(description="Fewest kernels of an op type for its scale to be fitted")
     op_time_scale: dict[str, OpTimeScale] = Field(description="Simulator op type -> its time scale")
-    host_dispatch_s_before: float = Field(ge=0, description="The base spec's launch.host_dispatch_s")
-    host_dispatch_s_fitted: float | None = Field(
-        ge=0, description="Median start-to-start interval of consecutive compute-stream kernels with the device idle "
-        "between them and no collective ending in the gap; None: no such pair, the base's value is kept")
+    profiled_host_dispatch_s_before: float | None = Field(
+        ge=0, description="The base spec's profiler.profiled_host_dispatch_s (None: the base has none, or a file "
+        "written by an earlier oam calibrate, which recorded launch.host_dispatch_s instead)")
+    profiled_host_dispatch_s_fitted: float | None = Field(
+        ge=0, description="Mean host interval per kernel of the profiles (pytest_oam.calibrate.host_intervals_s: "
+        "consecutive compute-stream kernels, same step, device idle between them, nothing else issued between, no "
+        "collective ending in the gap), written as profiler.profiled_host_dispatch_s; None: fewer than min_kernels "
+        "such pairs, the base's value is kept")
     kernels: NonNegativeInt = Field(description="Kernels re-costed over all profiles")
     median_abs_error_frac_before: float = Field(ge=0, description="Median |error| per kernel on the base spec")
     median_abs_error_frac_after: float = Field(ge=0, description="The same on this spec")
+    link_rates: dict[str, LinkRateFit] = Field(
+        default_factory=dict, description="Transport (HCCS, PCIE, RDMA) -> the link rate fitted from the profiles' "
+        "communication_matrix.json or communication.json (pytest_oam.files.communication_matrix); empty when "
+        "the profile folders have neither")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_files_of_earlier_versions(cls, data: object) -> object:
+        """Rename the host keys of files an earlier oam calibrate wrote (see the class)."""
+        if isinstance(data, dict) and "host_dispatch_s_fitted" in data and "profiled_host_dispatch_s_fitted" not in data:
+            data = dict(data)
+            data["profiled_host_dispatch_s_fitted"] = data.pop("host_dispatch_s_fitted")
+            data.pop("host_dispatch_s_before", None)  # the base's launch value, not a profiled one
+            data.setdefault("profiled_host_dispatch_s_before", None)
+        return data
 
     def time_scale(self, op_type: str) -> float:
         """The fitted time scale of ``op_type`` (1.0 for op types the calibration did not see)."""
@@ -423,6 +474,13 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareSpec:
     _FILE_SPECS[spec.name] = spec
     _FILE_SPEC_PATHS[spec.name] = real
     return spec
+
+
+def hardware_file_path(spec: HardwareSpec) -> str | None:
+    """The real path of the file ``spec`` was read from in this process
+    (:func:`load_hardware_file`); None for a bundled spec or one built in memory."""
+    path = _FILE_SPEC_PATHS.get(spec.name)
+    return path if path is not None and _FILE_SPECS.get(spec.name) == spec else None
 
 
 def load_hardware(name: str | os.PathLike) -> HardwareSpec:

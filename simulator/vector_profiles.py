@@ -45,7 +45,17 @@ VECTOR_PROFILES: dict[str, VectorProfile] = {
     "Softmax": VectorProfile(1, 1, {"max": 1, "add": 1, "exp": 1, "reduce": 1, "div": 1}, "fp32"),
     "SoftmaxGrad": VectorProfile(2, 1, {"mul": 2, "reduce": 1, "add": 1}, "fp32"),
     "RmsNorm": VectorProfile(1, 1, {"mul": 3, "reduce": 1}, "fp32"),
-    "RmsNormGrad": VectorProfile(2, 1, {"mul": 6, "reduce": 2, "add": 2}, "fp32"),
+    # RmsNormGrad as CANN's Ascend C kernel runs it for bf16 on the 910B (split-N template,
+    # rows of D >= SMALLD_THRESHOLD = 640 elements: ComputeMainBf16 of
+    # Hayden727/cann-ops src/norm/rms_norm_grad/op_kernel/rms_norm_grad_split_n.h, commit
+    # cbc745da75aebd74333b37ecf2314c389f036d8b), per element of dy: 11 Casts (gamma, x and dy
+    # up to fp32, then each bf16 rounding of dy * gamma, x * rstd and dgamma's product done as a
+    # CAST_RINT down and a cast back up, and dx down), one Duplicate (a one-cycle fill, counted
+    # as cast), Muls x rstd, Mul dy * gamma, Mul for the mean, Muls by the mean, Muls by rstd,
+    # Mul for dgamma (6 mul), Sub and the dgamma Add (2 add), one ReduceSum. Rows under 640
+    # (ComputeMainBf16SmallD, the q/k-norm gradient) run 10 Casts, 4 BroadCasts, 6 mul, 2 add
+    # and 1 reduce: 2 cycles more per element, not separated here
+    "RmsNormGrad": VectorProfile(2, 1, {"cast": 12, "mul": 6, "add": 2, "reduce": 1}, "fp32"),
     "LayerNorm": VectorProfile(1, 1, {"add": 3, "mul": 3, "reduce": 2}, "fp32"),
     "LayerNormGrad": VectorProfile(2, 1, {"add": 4, "mul": 7, "reduce": 3}, "fp32"),
     "RotaryPositionEmbedding": VectorProfile(1, 1, {"mul": 2, "add": 1}, "fp32"),
@@ -95,8 +105,21 @@ VECTOR_PROFILES: dict[str, VectorProfile] = {
     "Reciprocal": VectorProfile(1, 1, {"div": 1}, "fp32"),
     "Exp": VectorProfile(1, 1, {"exp": 1}, "fp32"),
     "Log": VectorProfile(1, 1, {"exp": 1}, "fp32"),
-    "Sin": VectorProfile(1, 1, {"exp": 1, "mul": 2}, "fp32"),
-    "Cos": VectorProfile(1, 1, {"exp": 1, "mul": 2}, "fp32"),
+    # Sin and Cos as CANN's built-in TBE kernels compute them on the 910B (impl/dynamic/sin.py
+    # and cos.py of CANN's ops/built-in/tbe; on SoCs with vcopy, after_v200(), the default
+    # high-performance mode runs sin_compute_v3 / cos_compute_v3). Read from the public text
+    # of those files in the search index (its repository is not recorded there; the older
+    # copy in dengguojie/vue-element-admin ops/built-in/tbe/impl/dynamic/sin.py, commit
+    # 0fd5feed6b46627fba3685f30027dabbf396fecf, predates the v3 path). Per element, fp32:
+    # k = round(x / pi) split into a high and a low part (2 vmuls, 2 rounds, 1 vmuls,
+    # 1 vsub), x - k pi in eight vmuls + vsub steps (pi in four parts, for both halves of k),
+    # the sign from floor(k / 2) (2 vmuls, 1 floor, 2 vmuls, vadd, vadds), the degree-9 odd
+    # polynomial in x^2 (1 vmul for x^2, vmuls, 3 vmul, 4 vadds, the multiply by x and by
+    # the sign) and a clamp to [-1, 1] (vmins, vmaxs): 21 mul, 15 add, 3 cast (round / floor
+    # as float-to-float conversions), 2 max. Cos adds a half period (vadds) before rounding
+    # and two vadds of pi/2 parts: 18 add
+    "Sin": VectorProfile(1, 1, {"mul": 21, "add": 15, "cast": 3, "max": 2}, "fp32"),
+    "Cos": VectorProfile(1, 1, {"mul": 21, "add": 18, "cast": 3, "max": 2}, "fp32"),
     "Tanh": VectorProfile(1, 1, {"exp": 1, "add": 2, "div": 1}, "fp32"),
     "Sigmoid": VectorProfile(1, 1, {"exp": 1, "add": 1, "div": 1}, "fp32"),
     "Maximum": VectorProfile(2, 1, {"max": 1}),

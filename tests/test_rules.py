@@ -34,8 +34,9 @@ def test_healthy_runs_are_quiet() -> None:
     assert findings(healthy)[0] == []
     # Llama-2-7B training steps, memory tracked. On 8 x 910A (TP4 x DP2, PCIe between the two
     # HCCS groups) the collectives are 50% of the step and none is hidden behind compute (the
-    # timeline is serial): one finding. On 8 x 910B (TP8 in one HCCS mesh) they are 13%: none.
-    expected = {"ascend910": ["comm-share"], "ascend910b": []}
+    # timeline is serial): one finding. On 8 x 910B (TP8 in one HCCS mesh, its links at the
+    # 15.7 GB/s measured on a real 910B2 profile) they are 30% (simulator 0.9.0): one too.
+    expected = {"ascend910": ["comm-share"], "ascend910b": ["comm-share"]}
     for hw, rule_ids in expected.items():
         profile = simulator.run(training_step, LLAMA2_7B, devices=8, steps=2, hardware=hw, memory=True)
         assert [f.rule_id for f in run_rules(profile, load_hardware(hw))] == rule_ids
@@ -63,16 +64,18 @@ def test_low_ai_core_utilization_and_memory_bound() -> None:
     # memory-bound but its cores do not idle; cores idle when the product has fewer tiles
     # than AI Cores.
     def few_tiles(npu):
+        healthy(npu)  # 0.6 ms: the host issues the small products meanwhile, so they run back to back
         a, b = npu.tensor((128, 40)), npu.tensor((40, 2048))
         for _ in range(10):
             npu.matmul(a, b)  # K=40: padding; 128 x 256 C tiles: 8 blocks for 32 AI Cores
 
     found, profile = findings(few_tiles)
     low = only(found, "low-ai-core-utilization")
-    assert low.severity == "serious" and low.op_type == "MatMul"
-    assert low.location.endswith(f"{HERE}:{few_tiles.__code__.co_firstlineno + 3}")
+    assert low.severity == "warning" and low.op_type == "MatMul"
+    assert low.location.endswith(f"{HERE}:{few_tiles.__code__.co_firstlineno + 4}")
+    small = profile.ops[1:]
     # each call is ~2.7 us, under the rule's 20 us floor: the rule adds up the calls of one line
-    assert max(op.duration_s for op in profile.ops) < 20e-6 < sum(op.duration_s for op in profile.ops)
+    assert max(op.duration_s for op in small) < 20e-6 < sum(op.duration_s for op in small)
     assert "only 8 blocks for 32 AI Cores: 24 of them idle" in low.description
     # K = 40 pads to 48 in the Cube, but the op waits for memory (writing C dominates): re-costed
     # with K aligned down to 32, its work would take no less time, so padding is not blamed
@@ -89,6 +92,22 @@ def test_low_ai_core_utilization_and_memory_bound() -> None:
     # its MTE2 pipe is busy (mte2_ratio above the 0.8 threshold): no pipe idles, so the cores
     # are not reported as underused
     assert profile.ops[0].mte2_ratio > 0.8
+    assert "low-ai-core-utilization" not in {f.rule_id for f in found}
+
+
+def test_a_host_bound_loop_claims_no_gain_from_faster_kernels() -> None:
+    # Regression test: the same ten small products alone, each issued 20 us after the last (the
+    # host's dispatch time) and done in 2.7 us: the device waits for the host between them, so
+    # idle cores cost the step nothing and a faster kernel saves nothing. The rule claimed the
+    # idle pipes' 23 us (a warning) before it asked whether the next kernel waited for the host.
+    def few_tiles_alone(npu):
+        a, b = npu.tensor((128, 40)), npu.tensor((40, 2048))
+        for _ in range(10):
+            npu.matmul(a, b)
+
+    found, profile = findings(few_tiles_alone)
+    ops = profile.ops
+    assert all(b.start_s - (a.start_s + a.duration_s) > 15e-6 for a, b in zip(ops, ops[1:]))  # host-bound
     assert "low-ai-core-utilization" not in {f.rule_id for f in found}
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 import simulator
+from pytest_oam.calibrate import host_intervals_s
+from pytest_oam.files.importers import read_ascend_csv
 from pytest_oam.step_composition import (
     StepCompositionError,
     compare,
-    host_intervals_s,
     infer_workload,
     measured_composition,
 )
@@ -49,29 +50,33 @@ def test_measured_composition_is_the_csv_row():
 
 
 def test_profiled_host_dispatch_is_the_alexnet_measurement():
-    # the hardware files' profiled_host_dispatch_s: median host interval of the two AlexNet profiles
-    pooled = [s for level in (1, 2)
-              for s in host_intervals_s(REAL / f"ascend-msinsight-alexnet2p-level{level}-rank0" / "kernel_details.csv")]
-    assert len(pooled) == 130
+    # the hardware files' profiled_host_dispatch_s: mean host interval of the two AlexNet profiles
+    # by oam calibrate's definition (174 pairs each: 225.3 us Level1, 222.5 us Level2; pooled 223.9 us;
+    # their medians 116.7 and 120.9 us)
+    pooled = [s for level in (1, 2) for s in host_intervals_s(
+        read_ascend_csv(REAL / f"ascend-msinsight-alexnet2p-level{level}-rank0" / "kernel_details.csv"))]
+    assert len(pooled) == 348
     for name in simulator.list_hardware():
         assert simulator.load_hardware(name).profiler.profiled_host_dispatch_s == pytest.approx(
-            statistics.median(pooled), rel=0.01)
+            statistics.fmean(pooled), rel=0.01)
 
 
 def test_simulated_composition_against_the_profile():
-    """The issue's target is each part within 20%: met for computing and free time, NOT for
-    exposed communication (simulator 0.8.0: -13.1%, -43.5%, +18.6%). Stage 1 (LM head of
-    151,936 words, itself host-bound) is faster than measured, so stage 0's pipeline waits are
-    shorter, and the collectives are faster than measured (reduce-scatter 17 vs 45 ms). See
-    docs/validation.md."""
+    """The issue's target is each part within 20%: met for computing and exposed communication,
+    NOT for free time (simulator 0.9.0: -6.7%, -6.4%, +46.6%). Exposed communication came from
+    -43.5% (0.8.0) with Megatron's cross entropy on stage 1 (its pipeline waits) and the HCCS link
+    rate of the profile's communication_matrix.json (calibrated there, so this part checks the
+    collectives' algorithms and the pipeline's waits, not the link rate). Free time follows the
+    host's time per kernel under the profiler: the bundled 224 us is the AlexNet profiles' mean,
+    recorded with with_stack on; this run had with_stack off, and its own mean, 174 us, gives
+    -6.7%, -14.6%, -11.8% (in-sample: not the bundled figure). See docs/validation.md."""
     result = compare(LLM, "ascend910b4")
     s = result.simulated
     assert s.computing_s + s.communication_exposed_s + s.free_s == pytest.approx(s.step_s)
-    # simulator 0.8.0: computing -13.1%, exposed communication -43.5%, free +18.6% (issue 23's
-    # target: each within 20%; exposed communication is not there yet)
+    assert result.host_dispatch_s == simulator.load_hardware("ascend910b4").profiler.profiled_host_dispatch_s
     assert abs(result.error_frac["computing_s"]) <= 0.20
-    assert abs(result.error_frac["free_s"]) <= 0.20
-    assert abs(result.error_frac["communication_exposed_s"]) <= 0.50
+    assert abs(result.error_frac["communication_exposed_s"]) <= 0.20
+    assert 0.20 < result.error_frac["free_s"] <= 0.60  # the with_stack host time: see the docstring
     assert not result.passed  # the report says FAIL while one part misses; flip when all three are within 20%
 
 

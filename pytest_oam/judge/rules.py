@@ -23,6 +23,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from simulator.hardware import HardwareSpec
 from simulator.profile import OpRecord, Profile
@@ -61,6 +62,12 @@ class RuleFinding:
     step_share_frac: float
 
 
+#: Device idle time between two kernels above which the second did not start when the first ended:
+#: the simulator starts a kernel whose stream is free and whose host issue is done at once, so a
+#: kernel that waited for neither follows the previous one to the picosecond.
+HOST_GAP_MIN_S = 1e-12
+
+
 @dataclass(frozen=True)
 class RuleContext:
     """What a rule reads: the profile, the card, and the rule's thresholds."""
@@ -82,6 +89,32 @@ class RuleContext:
     def warm_steps(self) -> range:
         """:func:`pytest_oam.compare.warm_steps` of the profile: stall rules skip the first step."""
         return warm_steps(self.profile.steps)
+
+    @cached_property
+    def _host_gated(self) -> frozenset[int]:
+        """``id`` of every compute op whose successor on the compute stream (same step) started
+        after the device sat idle, neither waiting for a collective (``wait_hccl_op``) nor issued
+        after a device synchronisation (``host_synced``): the host issued that successor late
+        (:func:`simulator.runtime.timeline.dispatch`), so the op ending sooner starts nothing
+        sooner."""
+        gated = set()
+        by_step: dict[int, list[OpRecord]] = defaultdict(list)
+        for op in self.profile.ops:
+            if op.stream == "compute":
+                by_step[op.step].append(op)
+        for ops in by_step.values():
+            ops.sort(key=lambda o: o.start_s)
+            for before, after in itertools.pairwise(ops):
+                idle_s = after.start_s - (before.start_s + before.duration_s)
+                if (idle_s > HOST_GAP_MIN_S and "wait_hccl_op" not in after.attrs
+                        and not after.attrs.get("host_synced")):
+                    gated.add(id(before))
+        return frozenset(gated)
+
+    def step_saving_s(self, op: OpRecord, saved_s: float) -> float:
+        """What saving ``saved_s`` of ``op``'s device time saves of the step: nothing when the
+        next kernel waited for the host anyway (:attr:`_host_gated`), else all of it."""
+        return 0.0 if id(op) in self._host_gated else saved_s
 
     def step0_ops(self) -> list[OpRecord]:
         """The records of one representative step (the last, after any warm-up)."""
@@ -183,7 +216,7 @@ def slow_op(ctx: RuleContext) -> Iterable[RuleFinding]:
             continue
         worst = max(slow, key=lambda op: op.duration_s)
         steps = sorted({op.step for op in slow})
-        excess_per_step = sum(op.duration_s - typical for op in slow) / len(warm)
+        excess_per_step = sum(ctx.step_saving_s(op, op.duration_s - typical) for op in slow) / len(warm)
         stall = f"; it waited {fmt_ms(worst.alloc_stall_s)} for memory" if worst.alloc_stall_s else ""
         found = _finding(
             ctx, "slow-op", worst, excess_per_step,
@@ -214,13 +247,14 @@ def low_ai_core_utilization(ctx: RuleContext) -> Iterable[RuleFinding]:
         if op.overlap_frac is not None and op.overlap_frac < LOW_OVERLAP_FRAC:
             continue  # the pipeline does not overlap: low-overlap reports this op, with the cause
         aligned = _alignment_gains(ops, ctx.hardware)
-        align_gain_s = sum(gain.gain_s * calls for gain, calls in aligned.values() if gain is not None)
+        align_gain_s = _aligned_saving_s(ctx, ops, aligned)
         this = aligned[_shape_key(op)][0]  # aligning the longest call: what the evidence shows
         if this is not None and grade(align_gain_s, ctx.step_time_s):
             gain = align_gain_s
             why = "; ".join([*misalignment_findings(op, ctx.hardware), this.describe()])
         else:
-            gain = sum(o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)) for o in ops)
+            gain = sum(ctx.step_saving_s(o, o.duration_s * (1 - max(o.mac_ratio, o.vec_ratio, o.mte2_ratio)))
+                       for o in ops)
             misaligned = misalignment_findings(op, ctx.hardware)
             reasons = [text for text in shape_findings(op, ctx.hardware) if text not in misaligned][:1]
             if this is not None:  # misaligned, but re-costing shows aligning would not help much
@@ -258,7 +292,7 @@ def cube_alignment(ctx: RuleContext) -> Iterable[RuleFinding]:
         this = aligned[_shape_key(op)][0]
         if this is None:
             continue
-        gain = sum(g.gain_s * calls for g, calls in aligned.values() if g is not None)
+        gain = _aligned_saving_s(ctx, ops, aligned)
         found = _finding(
             ctx, "cube-alignment", op, gain,
             f"{op.op_type} {op.input_shapes}: busiest pipe {fmt_percent(busiest)} (mac_ratio {op.mac_ratio:.2f}) over "
@@ -273,6 +307,17 @@ def cube_alignment(ctx: RuleContext) -> Iterable[RuleFinding]:
 
 def _shape_key(op: OpRecord) -> tuple:
     return op.op_type, str(op.input_shapes), op.dtype, str(sorted(op.attrs.items()))
+
+
+def _aligned_saving_s(ctx: RuleContext, ops: list[OpRecord], aligned: dict) -> float:
+    """The step time aligning the calls ``ops`` saves: each call's re-costed gain
+    (:func:`_alignment_gains`), where its next kernel did not wait for the host anyway."""
+    total = 0.0
+    for o in ops:
+        gain = aligned[_shape_key(o)][0]
+        if gain is not None:
+            total += ctx.step_saving_s(o, gain.gain_s)
+    return total
 
 
 def _alignment_gains(ops: list[OpRecord], hw: HardwareSpec) -> dict[tuple, tuple[AlignmentGain | None, int]]:
@@ -307,7 +352,7 @@ def memory_bound_op(ctx: RuleContext) -> Iterable[RuleFinding]:
         util = _memory_util_frac(op, ctx.hardware)
         if op.duration_s < ctx.thresholds["min_duration_s"] or bound <= 1 or util >= target:
             continue
-        gain = sum(o.duration_s * (1 - _memory_util_frac(o, ctx.hardware) / target) for o in ops)
+        gain = sum(ctx.step_saving_s(o, o.duration_s * (1 - _memory_util_frac(o, ctx.hardware) / target)) for o in ops)
         found = _finding(
             ctx, "memory-bound", op, gain,
             f"{op.op_type} {op.input_shapes}: memory_bound {bound:.2f} but memory bandwidth at "
@@ -333,7 +378,7 @@ def low_overlap(ctx: RuleContext) -> Iterable[RuleFinding]:
             continue
         op = min(low, key=lambda o: o.overlap_frac)
         steps = sorted({o.step for o in low})
-        lost = sum(o.alloc_stall_s + (o.overlappable_s - o.overlapped_s) for o in low) / len(warm)
+        lost = sum(o.alloc_stall_s + ctx.step_saving_s(o, o.overlappable_s - o.overlapped_s) for o in low) / len(warm)
         normal = [o.overlap_frac for o in ops if o not in low]
         was = f" (other calls {fmt_percent(statistics.median(normal))})" if normal else ""
         found = _finding(

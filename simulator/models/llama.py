@@ -39,6 +39,7 @@ import weakref
 
 from ..hardware import HardwareSpec
 from ..runtime import NPU, Tensor
+from ..units import DTYPE_BYTES
 from . import pipeline
 from .layout import ParallelLayout
 from .llama_config import LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, QWEN3_0_6B, LlamaConfig
@@ -466,6 +467,10 @@ class _Stage:
         gathered = npu.all_gather(xs, ranks=tp_ranks, name=f"{tag}lm_head.sp_all_gather") if self.sp else None
         logits = npu.matmul(x, self.w(h, self.vocab), name=f"{tag}lm_head")
         del gathered, params
+        if self.megatron:
+            self.logits[tag] = self._vocab_parallel_cross_entropy(npu, logits, tag)
+            del logits
+            return
         self.logits[tag] = logits
         npu.cross_entropy(logits, name=f"{tag}loss")
         if tp_reduce:
@@ -542,7 +547,10 @@ class _Stage:
         if self.has_head:
             params = zero3.gather(npu, tag) if zero3 is not None else None
             logits = self.logits.pop(tag)
-            dlogits = npu.cross_entropy_grad(logits, name=f"{tag}loss.grad")
+            if self.megatron:
+                dlogits = self._vocab_parallel_cross_entropy_grad(npu, logits, tag)
+            else:
+                dlogits = npu.cross_entropy_grad(logits, name=f"{tag}loss.grad")
             del logits
             # with SP the head's input is gathered again for its weight gradient (Megatron's
             # LinearWithGradAccumulationAndAsyncCommunication), beside the input-gradient GEMM,
@@ -692,6 +700,54 @@ class _Stage:
             g = npu.rotary_embedding(Tensor(shape, self.dtype), name=f"{p}.attn.rotary_{part}.grad")
             zeros = self._copy(npu, "Fill", shape, f"{p}.attn.rotary_{part}.grad_zeros")
             npu.add(zeros, g, name=f"{p}.attn.rotary_{part}.grad_add")
+
+    def _in_place(self, npu: NPU, op_type: str, x: Tensor, name: str, row_operand: bool = True) -> None:
+        """An element-wise fp32 kernel over ``x`` written back into ``x`` (no new tensor), with a
+        per-row operand of ``(rows, 1)`` broadcast along the last axis when ``row_operand``: reads
+        ``x`` and the row operand, writes ``x``."""
+        rows = x.shape[0]
+        nbytes = x.numel * DTYPE_BYTES[x.dtype]
+        operand = rows * DTYPE_BYTES["fp32"] if row_operand else 0
+        inputs = (x, Tensor((rows, 1), "fp32")) if row_operand else (x,)
+        npu.emit(op_type, inputs, x.dtype, name, {"read_bytes": nbytes + operand, "write_bytes": nbytes})
+
+    def _reduce_rows(self, npu: NPU, op_type: str, x: Tensor, name: str) -> None:
+        """A reduction of ``x`` along its last axis into a ``(rows,)`` fp32 tensor."""
+        out = Tensor((x.shape[0],), "fp32")
+        npu.emit(op_type, (x,), x.dtype, name,
+                 {"read_bytes": x.numel * DTYPE_BYTES[x.dtype], "write_bytes": out.numel * DTYPE_BYTES["fp32"]},
+                 outputs=(out,))
+
+    def _vocab_parallel_cross_entropy(self, npu: NPU, logits: Tensor, tag: str) -> Tensor:
+        """The loss as Megatron-Core's ``VocabParallelCrossEntropy`` runs it in eager PyTorch
+        (``megatron/core/tensor_parallel/cross_entropy.py``: ``calculate_logits_max``,
+        ``calculate_predicted_logits``, ``calculate_cross_entropy_loss``), one kernel per tensor
+        op over the ``(tokens, vocab / tp)`` logits: ``logits.float()`` (``Cast`` to a new fp32
+        tensor), the row max (``ReduceMax``), ``-= max`` in place (``Sub``), ``exp`` in place
+        (``Exp``), the row sum (``ReduceSum``), the softmax ``div_`` in place (``RealDiv``); with
+        tensor parallelism the max and the sum are all-reduced. The per-row work on ``(tokens,)``
+        tensors (the target's logit, the log) is left out. Returns the fp32 softmax, which the
+        backward reads (:meth:`_vocab_parallel_cross_entropy_grad`)."""
+        tokens, tp_ranks, tp_reduce = self.tokens, self.tp_ranks, self.tp_reduce
+        probs = npu.cast(logits, "fp32", name=f"{tag}loss.float")
+        self._reduce_rows(npu, "ReduceMax", probs, f"{tag}loss.max")
+        if tp_reduce:
+            npu.all_reduce(Tensor((tokens,), "fp32"), ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_max")
+        self._in_place(npu, "Sub", probs, f"{tag}loss.sub_max")
+        self._in_place(npu, "Exp", probs, f"{tag}loss.exp", row_operand=False)
+        self._reduce_rows(npu, "ReduceSum", probs, f"{tag}loss.sum_exp")
+        if tp_reduce:
+            npu.all_reduce(Tensor((tokens,), "fp32"), ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_sum")
+        self._in_place(npu, "RealDiv", probs, f"{tag}loss.softmax")
+        return probs
+
+    def _vocab_parallel_cross_entropy_grad(self, npu: NPU, probs: Tensor, tag: str) -> Tensor:
+        """Backward of :meth:`_vocab_parallel_cross_entropy` (``VocabParallelCrossEntropy.backward``:
+        the target's entries decremented, a ``(tokens,)`` scatter left out, then ``mul_`` by the
+        loss's gradient in place, ``Mul``) and of ``logits.float()`` (``Cast`` back to the compute
+        dtype, a new tensor): the logits' gradient."""
+        self._in_place(npu, "Mul", probs, f"{tag}loss.grad")
+        return npu.cast(probs, self.dtype, name=f"{tag}loss.float.grad")
 
     def _main_grad(self, npu: NPU, shape: tuple[int, ...], name: str, cast: bool = False) -> None:
         """Megatron without gradient-accumulation fusion: the weight's gradient (compute dtype;

@@ -179,7 +179,10 @@ def memory_estimates(
         activations = in_flight * per_chunk * layer_saved
         working = layer_working
         if stage == pp - 1:  # the last chunk's micro-batch: final norm input and output, the logits
-            activations += 2 * split * h * e + tokens * vocab * e
+            # (Megatron's cross entropy keeps them as its fp32 softmax, the compute-dtype logits
+            # living beside it while it is cast, and the gradient cast back beside it: the working)
+            saved_logit_bytes = DTYPE_BYTES["fp32"] if framework == "megatron" else e
+            activations += 2 * split * h * e + tokens * vocab * saved_logit_bytes
             head_working = tokens * vocab * e + (tokens * h * e if layout.sequence_sharded else 0)
             if zero == 3 and dp > 1:
                 head_working += 2 * max(vocab * h, layer_params) * e

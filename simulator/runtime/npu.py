@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import numerics
 from ..allocator import AllocatorConfig, NpuCachingAllocator
-from ..costs import COST_MODELS, OpCost, OpSpec, op_cost, op_workspace_bytes
+from ..costs import COST_MODELS, OpCost, OpSpec, check_calibration, op_cost, op_workspace_bytes
 from ..hardware import HardwareSpec, load_hardware
 from ..profile import MemoryRecord, OpChecks, Profile
 from ..units import DTYPE_BYTES
@@ -73,6 +73,7 @@ class NPU(CubeOps, VectorOps, HcclOps):
         if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
             raise ValueError(f"devices must be a positive integer, got {devices!r}")
         hardware.interconnect.check_device_count(devices, hardware.name)
+        check_calibration(hardware)
         self.hardware = hardware
         self.devices = devices
         self.rank = 0

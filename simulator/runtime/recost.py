@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..costs import OpCost, OpSpec, op_cost
+from ..costs import OpCost, OpSpec, check_calibration, op_cost
 from ..hardware import HardwareSpec, load_hardware
 from ..profile import OpRecord, Profile
 from ..version import SIMULATOR_VERSION
@@ -24,11 +24,13 @@ def recost(profile: Profile, hardware: str | HardwareSpec, op_time_scale: dict[s
     its per-op overhead.
 
     Raises:
-        ValueError: unknown hardware; a focused profile (its aggregated ops have no shapes); an
+        ValueError: unknown hardware, or a calibrated one whose op_time_scale names an op type with
+            no cost model (:func:`simulator.costs.check_calibration`); a focused profile (its aggregated ops have no shapes); an
             imported profile or an op type with no cost model; an op the hardware cannot run
             (e.g. a dtype its Cube unit has no rate for), naming the op.
     """
     spec_hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    check_calibration(spec_hw)
     if profile.op_summaries:
         raise ValueError("a focused profile keeps only some op records (the rest are aggregated without shapes); "
                          "re-simulating needs the full op sequence")
