@@ -5,5 +5,5 @@
 produces, so that baselines made by another version are recognised as such.
 """
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 SIMULATOR_VERSION = __version__
