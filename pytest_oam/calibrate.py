@@ -18,8 +18,8 @@ hardware file (the schema of ``simulator/hardware/*.json``) with the provenance 
   interval of two such kernels is the host's interval): the mean of :func:`host_intervals_s`
   over the profiles. The mean, not the median: a stretch of host-bound kernels lasts the sum of
   their intervals, so the mean is the constant interval that gives it the same length (the
-  intervals are skewed: on the real LLM profile median 107 us, mean 174 us, and only the mean
-  brings that step's idle time near the measured one; docs/validation.md). It is what a simulated step is compared with when the real step was
+  intervals are skewed, long host stalls included: median 107 us and mean 174 us on the real LLM
+  profile). It is what a simulated step is compared with when the real step was
   profiled (``oam validate --profile``'s step composition). ``launch.host_dispatch_s``, the host
   time of an unprofiled run, is kept from the base: the interval includes the profiler's own
   host overhead (record_shapes, with_stack), which a profile cannot separate.
@@ -42,16 +42,17 @@ from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
 
+from simulator.profile import DEVICE_WAIT_MIN_GAP_S
+
 from .files.importers import AscendCsv
 from .kernel_replay import ReplayedKernel, ReplayError, replay_kernels
 
 #: Fewest kernels of an op type for its scale to be fitted (and fewest host gaps for the host
 #: interval): a median of fewer is one or two kernels' noise.
 DEFAULT_MIN_KERNELS = 5
-#: Idle time between two kernels on the compute stream above which the device waited (for the
-#: host): kernels queued back to back start 0.02 us after the previous one ends in the LLM
-#: Level2 profile of tests/data/realdata (the 25th percentile of its gaps).
-HOST_WAIT_MIN_GAP_S = 1e-6
+#: Idle time between two compute kernels above which the device waited (for the host, when no
+#: collective ended in the gap): :data:`simulator.profile.DEVICE_WAIT_MIN_GAP_S`.
+HOST_WAIT_MIN_GAP_S = DEVICE_WAIT_MIN_GAP_S
 #: The Accelerator Core of a kernel that runs the Cube and Vector units together (torch_npu's
 #: FlashAttentionScore and its gradient in the LLM profile).
 MIX_CUBE_CORE = "MIX_AIC"
@@ -61,6 +62,10 @@ MIX_CUBE_CORE = "MIX_AIC"
 #: die-to-die link of a dual-die package, has none in the hardware files).
 LINK_FIELDS = {"HCCS": "hccs_link_bandwidth_bytes_per_s", "PCIE": "pcie_bandwidth_bytes_per_s",
                "RDMA": "roce_bandwidth_bytes_per_s"}
+#: Fewest bytes a transport must have carried in the profiles for its rate to be fitted: 64 MiB
+#: take 3.4 ms at 20 GB/s, over 2,000 times an HCCS transfer's start-up latency (1.5 us in the
+#: hardware files), so the rate is the links' and not their latency. Fewer keep the base's value.
+MIN_LINK_FIT_BYTES = 64 * 1024 * 1024
 
 
 class CalibrationError(ValueError):
@@ -137,8 +142,8 @@ def communication_file(csv_path: Path) -> Path | None:
 
 
 def fit_link_rates(files: list[Path], base) -> dict[str, dict]:
-    """Per transport with a field in the hardware file (:data:`LINK_FIELDS`), the rate the
-    profiles' communication files show (their summed collectives' bytes over transit time,
+    """Per transport with a field in the hardware file (:data:`LINK_FIELDS`) that carried at least
+    :data:`MIN_LINK_FIT_BYTES` in the profiles, the rate their communication files show (their summed collectives' bytes over transit time,
     :func:`pytest_oam.files.communication_matrix.read_link_rates`, pooled over the files) and
     the value to write: that over ``base``'s ``interconnect.link_efficiency_frac``, which the cost
     model applies, rounded to 0.1 GB/s.
@@ -163,12 +168,12 @@ def fit_link_rates(files: list[Path], base) -> dict[str, dict]:
     fits = {}
     for transport, (nbytes, seconds) in sorted(pooled.items()):
         field = LINK_FIELDS.get(transport)
-        if field is None:
+        if field is None or nbytes < MIN_LINK_FIT_BYTES:
             continue
         achieved = nbytes / seconds
         fits[transport] = {"field": field, "achieved_bytes_per_s": achieved, "transit_bytes": nbytes,
                            "before_bytes_per_s": getattr(ic, field),
-                           "fitted_bytes_per_s": round(achieved / ic.link_efficiency_frac, -8) or achieved}
+                           "fitted_bytes_per_s": round(achieved / ic.link_efficiency_frac, -8)}
     return fits
 
 
@@ -387,7 +392,7 @@ def calibration_text(calibration: dict, output: Path, fmt: str = "simple") -> st
     median |error| before and after."""
     from tabulate import tabulate
 
-    from .format import fmt_bytes, fmt_gb_per_s, fmt_percent, fmt_time, table_cell
+    from .format import fmt_gb_per_s, fmt_mb, fmt_percent, fmt_time, table_cell
 
     rows = [(table_cell(t, fmt), f["kernels"], f"{f['time_scale']:.3f}" if f["fitted"] else "kept",
              fmt_percent(f["median_abs_error_frac_before"], 1), fmt_percent(f["median_abs_error_frac_after"], 1))
@@ -404,7 +409,7 @@ def calibration_text(calibration: dict, output: Path, fmt: str = "simple") -> st
                  + "; launch.host_dispatch_s kept: a profile cannot separate the profiler's overhead")
     for transport, fit in sorted(calibration.get("link_rates", {}).items()):
         lines.append(f"{transport} links: {fmt_gb_per_s(fit['achieved_bytes_per_s'])} achieved over "
-                     f"{fmt_bytes(fit['transit_bytes'])}; interconnect.{fit['field']} "
+                     f"{fmt_mb(fit['transit_bytes'])}; interconnect.{fit['field']} "
                      f"{fmt_gb_per_s(fit['before_bytes_per_s'])} -> {fmt_gb_per_s(fit['fitted_bytes_per_s'])}")
     lines.append(f"median |error| per kernel: {fmt_percent(calibration['median_abs_error_frac_before'], 1)} before, "
                  f"{fmt_percent(calibration['median_abs_error_frac_after'], 1)} after")

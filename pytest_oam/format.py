@@ -143,6 +143,11 @@ def fmt_gb_per_s(bytes_per_s: float, digits: int = 1) -> str:
     return f"{bytes_per_s / GIGA:{_spec(digits)}} GB/s"
 
 
+def fmt_mb(size: float, digits: int = 1) -> str:
+    """A size in decimal megabytes, as msprof's communication files give it: ``"427.6 MB"``."""
+    return f"{size / MEGA:{_spec(digits, grouping=True)}} MB"
+
+
 def fmt_flop(flop: float, digits: int = 4) -> str:
     """A FLOP count in GFLOP with its unit, ``digits`` significant digits: ``"34.36 GFLOP"``."""
     return f"{flop / GIGA:{_spec(digits, significant=True)}} GFLOP"

@@ -30,204 +30,31 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from .attention_costs import (
+    flash_attention_cost,
+    flash_attention_grad_cost,
+)
 from .hardware import HardwareFileError, HardwareSpec, hardware_file_path
+from .kernel_model import (
+    ACCUMULATOR_BYTES,
+    DOUBLE_BUFFER_STAGES,
+    MATMUL_BASE_M,
+    MATMUL_BASE_N,
+    CommCost,
+    Kernel,
+    OpCost,
+    OpSpec,
+    ceil_div,
+    cube_time_s,
+    numel,
+    round_up,
+    run_kernel,
+    vector_time_s,
+)
 from .units import DTYPE_BYTES
 from .vector_profiles import GENERIC_OP_CLASSES, GENERIC_OP_PREFIX, VECTOR_PROFILES, VectorProfile
-
-Shape = tuple[int, ...]
-
-#: Matmul base tile (rows of A, columns of B per block) before L0C limits are applied.
-#: A kernel-tiling policy, not a hardware figure: CANN's matmul samples use baseM=128 and
-#: baseN=256 for fp16.
-MATMUL_BASE_M = 128
-MATMUL_BASE_N = 256
-#: Buffers in flight for kernels that use plain double buffering.
-DOUBLE_BUFFER_STAGES = 2
-#: Accumulator bytes per element in L0C and the Unified Buffer (fp32 accumulation).
-ACCUMULATOR_BYTES = DTYPE_BYTES["fp32"]
-
-
-@dataclass(frozen=True, slots=True)
-class OpSpec:
-    """What an operator call is: enough to cost it, hashable so costs can be cached.
-
-    ``attrs`` is a sorted tuple of ``(name, value)`` pairs.
-    """
-
-    op_type: str
-    shapes: tuple[Shape, ...]
-    dtype: str
-    attrs: tuple[tuple[str, object], ...] = ()
-
-    def attr(self, name: str, default=None):
-        for key, value in self.attrs:
-            if key == name:
-                return value
-        return default
-
-
-@dataclass(frozen=True, slots=True)
-class CommCost:
-    """Extra facts of a collective, as nccl-tests / hccl_test report them."""
-
-    bytes: int
-    algorithm: str
-    group_size: int
-    algbw_bytes_per_s: float
-    busbw_bytes_per_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class OpCost:
-    """Result of a cost model. Times in seconds, traffic in bytes."""
-
-    duration_s: float
-    flop: float
-    hbm_bytes: float
-    l2_bytes: float
-    block_dim: int
-    dma_count: int
-    ai_core_util_frac: float
-    mac_ratio: float
-    vec_ratio: float
-    mte2_ratio: float
-    kernel_count: int = 1
-    comm: CommCost | None = field(default=None)
-    overlapped_s: float = 0.0  # time the kernel's units (Cube, Vector, MTE) worked at once
-    overlappable_s: float = 0.0  # the most they could have: all but the longest unit
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _round_up(a: int, multiple: int) -> int:
-    return _ceil_div(a, multiple) * multiple
-
-
-def _numel(shape: Shape) -> int:
-    return math.prod(shape)
-
-
-def pipelined_time_s(parts_s: tuple[float, ...], stages: int, iterations: float = 1.0) -> float:
-    """Time of a pipeline whose units need ``parts_s`` seconds in all, over ``iterations``.
-
-    With ``stages`` buffers in flight at most ``stages`` units work at once, so the steady
-    state takes ``max(max(parts), sum(parts) / stages)``; the first iteration fills the
-    pipeline without overlap. One stage, or one iteration, runs the parts one after another.
-    ``iterations`` may be fractional (work / grain), which keeps the fill cost per grain
-    constant: more work never takes less time.
-
-    Raises:
-        ValueError: ``stages`` or ``iterations`` < 1.
-    """
-    if stages < 1:
-        raise ValueError(f"pipeline_stages must be >= 1, got {stages}")
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
-    total = sum(parts_s)
-    steady = max(max(parts_s), total / stages)
-    return steady + (total - steady) / iterations
-
-
-@dataclass(frozen=True, slots=True)
-class _Kernel:
-    """A tiled AI Core kernel: per-block work, block count, and whole-kernel traffic."""
-
-    block_dim: int
-    cube_s_per_block: float
-    vector_s_per_block: float
-    hbm_bytes: float
-    l2_bytes: float
-    dma_per_block: int
-    stages: int
-    iterations: float
-    flop: float
-    kernel_count: int = 1
-    mix: bool = False  # runs the Cube and Vector units in one kernel (its own launch floor)
-    fixpipe_s_per_block: float = 0.0  # Cube core's FixPipe (L0C -> GM) time: the split chip's hand-off
-    # Bytes the Vector cores' own MTE2/MTE3 queues move between global memory (through L2) and
-    # their Unified Buffers, whole kernel: on the split chip the scores they read and the tiles
-    # they write back for the Cube. A pipeline part of its own (other queues, other cores).
-    vector_l2_bytes: float = 0.0
-
-
-def _run_kernel(k: _Kernel, hw: HardwareSpec, cores: int) -> OpCost:
-    """Turn a tiled kernel into time and counters (see the module docstring).
-
-    The kernel is one pipeline over all its waves: compute is ``waves`` times a block's work,
-    DMA is the whole kernel's traffic at the shared bandwidth plus each core's queue of
-    transfer start-ups, and only the first iteration is left unoverlapped.
-    """
-    waves = _ceil_div(k.block_dim, cores)
-    active_cores = min(k.block_dim, cores)
-    mem = hw.memory
-    # Every read reaches the cores through L2: misses cost HBM bandwidth, and all of the
-    # traffic crosses L2; the two run concurrently, so the slower one bounds the transfer.
-    transfer_s = max(
-        k.hbm_bytes / (mem.hbm_bandwidth_bytes_per_s * mem.hbm_efficiency_frac),
-        (k.hbm_bytes + k.l2_bytes) / mem.l2_bandwidth_bytes_per_s,
-    )
-    mte_s = transfer_s + waves * k.dma_per_block * hw.dma.mte_startup_latency_s
-    cube_s = waves * k.cube_s_per_block
-    vector_s = waves * k.vector_s_per_block
-    parts = (cube_s, vector_s, mte_s) + ((waves * k.fixpipe_s_per_block,) if k.fixpipe_s_per_block else ())
-    if k.vector_l2_bytes:
-        # No published rate for a Vector core's MTE2/MTE3 alone: the chip's L2 bandwidth, which
-        # all of the kernel's transfers share, bounds them.
-        parts += (k.vector_l2_bytes / mem.l2_bandwidth_bytes_per_s,)
-    busy_s = pipelined_time_s(parts, k.stages, waves * k.iterations)
-    floor_s = hw.launch.mix_kernel_launch_latency_s if k.mix else hw.launch.kernel_launch_latency_s
-    launch_s = floor_s * k.kernel_count
-    duration_s = launch_s + busy_s
-    core_capacity_s = cores * duration_s
-    return OpCost(
-        duration_s=duration_s,
-        flop=k.flop,
-        hbm_bytes=k.hbm_bytes,
-        l2_bytes=k.l2_bytes + k.vector_l2_bytes,
-        block_dim=k.block_dim,
-        dma_count=k.dma_per_block * k.block_dim,
-        ai_core_util_frac=k.block_dim * busy_s / waves / core_capacity_s,
-        mac_ratio=k.block_dim * k.cube_s_per_block / core_capacity_s,
-        vec_ratio=k.block_dim * k.vector_s_per_block / core_capacity_s,
-        mte2_ratio=min(1.0, active_cores * mte_s / core_capacity_s),
-        kernel_count=k.kernel_count,
-        overlapped_s=max(0.0, sum(parts) - busy_s),
-        overlappable_s=sum(parts) - max(parts),
-    )
-
-
-def _cube_s(m: int, k: int, n: int, dtype: str, hw: HardwareSpec) -> float:
-    """Cube unit time of one (m x k) @ (k x n) tile; dims pad up to the 16x16x16 fractal."""
-    cu = hw.cube_unit
-    macs = (
-        _round_up(m, cu.fractal_m) * _round_up(k, cu.fractal_k) * _round_up(n, cu.fractal_n)
-    )
-    cycles = macs / hw.cube_macs_per_cycle(dtype)
-    return cycles / (hw.ai_core.clock_hz * cu.efficiency_frac)
-
-
-def _vector_s(elements: float, op_classes: dict[str, float], dtype: str, hw: HardwareSpec) -> float:
-    """Vector unit time for ``elements`` elements, each costing the given instruction classes."""
-    vu = hw.vector_unit
-    cycles_per_element = sum(vu.cycles_per_op_class[c] * n for c, n in op_classes.items())
-    rate = hw.vector_ops_per_cycle(dtype) * hw.ai_core.clock_hz * vu.efficiency_frac
-    return elements * cycles_per_element / rate
-
-
-def vector_unit_time_s(elements: float, op_classes: dict[str, float], dtype: str, hw: HardwareSpec) -> float:
-    """Seconds for all Vector units of the chip to process ``elements`` elements held in the
-    Unified Buffer (no memory traffic), each costing the given instruction classes.
-
-    Raises:
-        ValueError: the Vector unit has no rate for ``dtype``.
-        KeyError: an unknown instruction class.
-    """
-    return _vector_s(elements, op_classes, dtype, hw) / hw.ai_core.vector_core_count
-
 
 # --------------------------------------------------------------------------------------
 # MatMul / BatchMatMul
@@ -257,10 +84,10 @@ def _best_matmul(
     """
     cu, cores = hw.cube_unit, hw.ai_core.count
     m_t, n_t = matmul_tile(m, n, hw)
-    tiles = batch * _ceil_div(m, m_t) * _ceil_div(n, n_t)
-    max_split = max(1, min(cores // tiles, _ceil_div(k, cu.fractal_k))) if tiles < cores else 1
+    tiles = batch * ceil_div(m, m_t) * ceil_div(n, n_t)
+    max_split = max(1, min(cores // tiles, ceil_div(k, cu.fractal_k))) if tiles < cores else 1
     return min(
-        (_run_kernel(_matmul_kernel(batch, m, k, n, dtype, hw, a_hbm_bytes, b_hbm_bytes, split), hw, cores)
+        (run_kernel(_matmul_kernel(batch, m, k, n, dtype, hw, a_hbm_bytes, b_hbm_bytes, split), hw, cores)
          for split in range(1, max_split + 1)),
         key=lambda cost: cost.duration_s,
     )
@@ -271,15 +98,15 @@ def matmul_tile(m: int, n: int, hw: HardwareSpec) -> tuple[int, int]:
     (:data:`MATMUL_BASE_M` x :data:`MATMUL_BASE_N`), cut to the fp32 accumulators L0C holds and
     to the result padded to the Cube fractal."""
     cu = hw.cube_unit
-    m_t = min(_round_up(m, cu.fractal_m), MATMUL_BASE_M)
+    m_t = min(round_up(m, cu.fractal_m), MATMUL_BASE_M)
     n_cap = hw.memory.l0c_bytes_per_core // (m_t * ACCUMULATOR_BYTES)
-    return m_t, min(_round_up(n, cu.fractal_n), MATMUL_BASE_N, n_cap // cu.fractal_n * cu.fractal_n)
+    return m_t, min(round_up(n, cu.fractal_n), MATMUL_BASE_N, n_cap // cu.fractal_n * cu.fractal_n)
 
 
 def _matmul_kernel(
     batch: int, m: int, k: int, n: int, dtype: str, hw: HardwareSpec,
     a_hbm_bytes: float | None = None, b_hbm_bytes: float | None = None, split_k: int = 1,
-) -> _Kernel:
+) -> Kernel:
     """The tiled Cube kernel of a (batch, m, k) @ (batch, k, n) product, K split ``split_k`` ways.
 
     ``a_hbm_bytes`` / ``b_hbm_bytes`` replace the operands' sizes in memory when the kernel
@@ -289,13 +116,13 @@ def _matmul_kernel(
     elt = DTYPE_BYTES[dtype]
     cu = hw.cube_unit
     m_t, n_t = matmul_tile(m, n, hw)
-    m_blocks, n_blocks = _ceil_div(m, m_t), _ceil_div(n, n_t)
+    m_blocks, n_blocks = ceil_div(m, m_t), ceil_div(n, n_t)
     cores = hw.ai_core.count
-    k_split = _ceil_div(k, split_k)
+    k_split = ceil_div(k, split_k)
     block_dim = batch * m_blocks * n_blocks * split_k
     k_chunk = hw.memory.l1_bytes_per_core // ((m_t + n_t) * elt * DOUBLE_BUFFER_STAGES)
     k_chunk = max(cu.fractal_k, k_chunk // cu.fractal_k * cu.fractal_k)
-    k_chunks = _ceil_div(k_split, k_chunk)
+    k_chunks = ceil_div(k_split, k_chunk)
     a_bytes = batch * m * k * elt if a_hbm_bytes is None else min(a_hbm_bytes, batch * m * k * elt)
     b_bytes = batch * k * n * elt if b_hbm_bytes is None else min(b_hbm_bytes, batch * k * n * elt)
     a_share = a_bytes / (batch * m * k * elt)
@@ -313,23 +140,23 @@ def _matmul_kernel(
         # cores), so A is read from HBM once per patch column band and B once per patch row
         # band (CANN's matmul L2 tiling does the same); the raster with the least traffic wins.
         banded = min(
-            a_bytes * _ceil_div(n_blocks, min(n_blocks, _ceil_div(cores, rows)))
-            + b_bytes * _ceil_div(m_blocks, rows)
+            a_bytes * ceil_div(n_blocks, min(n_blocks, ceil_div(cores, rows)))
+            + b_bytes * ceil_div(m_blocks, rows)
             for rows in range(1, cores + 1)
         )
         hbm_read_bytes = min(read_bytes, max(unique_read_bytes, banded))
     hbm_bytes = hbm_read_bytes + write_bytes
     l2_bytes = read_bytes - hbm_read_bytes
-    return _Kernel(
+    return Kernel(
         block_dim=block_dim,
-        cube_s_per_block=_cube_s(m_t, k_split, n_t, dtype, hw),
+        cube_s_per_block=cube_time_s(m_t, k_split, n_t, dtype, hw),
         vector_s_per_block=0.0,
         hbm_bytes=hbm_bytes,
         l2_bytes=max(0.0, l2_bytes),
         dma_per_block=2 * k_chunks + 1,
         stages=DOUBLE_BUFFER_STAGES,
         # MTE1 feeds L0A/L0B one 16-deep K step at a time: that is the pipeline's grain.
-        iterations=_ceil_div(k_split, cu.fractal_k),
+        iterations=ceil_div(k_split, cu.fractal_k),
         flop=2.0 * batch * m * k * n,
     )
 
@@ -361,224 +188,18 @@ def conv2d_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     if spec.op_type == "Conv2D":
         (n, cin, h, w), (cout, _, kh, kw) = spec.shapes
         ho, wo = conv_output_hw(h, w, kh, kw, stride, padding)
-        m, k, cols = n * ho * wo, _round_up(cin, c0) * kh * kw, cout
-        return _best_matmul(1, m, k, cols, spec.dtype, hw, a_hbm_bytes=n * _round_up(cin, c0) * h * w * elt)
+        m, k, cols = n * ho * wo, round_up(cin, c0) * kh * kw, cout
+        return _best_matmul(1, m, k, cols, spec.dtype, hw, a_hbm_bytes=n * round_up(cin, c0) * h * w * elt)
     if spec.op_type == "Conv2DBackpropInput":
         (n, cout, ho, wo), (_, cin, kh, kw) = spec.shapes
         h, w = spec.attr("input_hw")
-        m, k, cols = n * h * w, _round_up(cout, c0) * kh * kw, cin
+        m, k, cols = n * h * w, round_up(cout, c0) * kh * kw, cin
         return _best_matmul(1, m, k, cols, spec.dtype, hw, a_hbm_bytes=n * cout * ho * wo * elt)
     # Conv2DBackpropFilter: dW (Cout, Cin kh kw) = dy^T (Cout, N Ho Wo) @ img2col(x)
     (n, cin, h, w), (_, cout, ho, wo) = spec.shapes
     kh, kw = spec.attr("kernel_hw")
-    m, k, cols = cout, n * ho * wo, _round_up(cin, c0) * kh * kw
-    return _best_matmul(1, m, k, cols, spec.dtype, hw, b_hbm_bytes=n * _round_up(cin, c0) * h * w * elt)
-
-
-# --------------------------------------------------------------------------------------
-# FlashAttention
-
-
-def flash_attention_l1_bytes(block_size: int, head_dim: int, pipeline_stages: int, dtype: str) -> int:
-    """L1 bytes one AI Core needs: a Q block plus ``pipeline_stages`` K and V blocks in flight."""
-    elt = DTYPE_BYTES[dtype]
-    return (block_size * head_dim + pipeline_stages * 2 * block_size * head_dim) * elt
-
-
-def _flash_attention_common(spec: OpSpec, hw: HardwareSpec, backward: bool) -> OpCost:
-    (b, h, s_q, d), (_, h_kv, s_kv, _) = spec.shapes[0], spec.shapes[1]
-    block = spec.attr("block_size")
-    stages = spec.attr("pipeline_stages")
-    fusion = spec.attr("fusion")
-    causal = spec.attr("causal")
-    elt = DTYPE_BYTES[spec.dtype]
-    need = flash_attention_l1_bytes(block, d, stages, spec.dtype)
-    if need > hw.memory.l1_bytes_per_core:
-        raise ValueError(
-            f"{spec.op_type}: block_size={block}, head_dim={d}, pipeline_stages={stages} "
-            f"need {need} bytes of L1 per AI Core; {hw.name} has {hw.memory.l1_bytes_per_core}"
-        )
-    q_blocks = _ceil_div(s_q, block)
-    kv_blocks = _ceil_div(s_kv, block)
-    # Causal masking skips the blocks above the diagonal: on average (n + 1) / 2 of n.
-    kv_per_q = (kv_blocks + 1) / 2 if causal else float(kv_blocks)
-    # Forward: QK^T and PV (2 matmuls per block pair); backward recomputes QK^T and does
-    # dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q (5 matmuls), FlashAttention-2 paper.
-    matmuls = 5 if backward else 2
-    cube_per_pair = matmuls * _cube_s(block, d, block, spec.dtype, hw)
-    # Vector work per score element, in fp32 (FlashAttention-2's online softmax):
-    # forward: scale, row max, subtract the max, exp, row sum, cast P to fp16 for PV, and
-    # the rescale-and-accumulate of the output rows (2 ops per output element, d / block
-    # of them per score element). Backward: see _fag_vector_s.
-    out_per_score = d / block
-    if backward:
-        vec_per_pair = _fag_vector_s(block, s_q, s_kv, d, spec.dtype, causal, kv_per_q, fusion, hw)
-    else:
-        softmax_classes = {"mul": 1 + out_per_score, "reduce": 2, "add": 1 + out_per_score, "exp": 1, "cast": 1}
-        # The Vector units beside each Cube unit share the softmax (910B: 2 per AI Core).
-        vec_per_pair = _vector_s(block * block, softmax_classes, "fp32", hw) / hw.vector_units_per_ai_core
-    pairs_per_block = kv_per_q
-    block_dim = b * h * q_blocks
-    cube_s = pairs_per_block * cube_per_pair
-    vec_s = pairs_per_block * vec_per_pair
-    # Traffic per (batch, head): Q read once and O written once; K and V re-read per Q block.
-    # Backward also reads O, dO and writes dQ, dK, dV (IO analysis of Dao et al., 2022).
-    head_qo = s_q * d * elt
-    head_kv = 2 * s_kv * d * elt
-    kv_reads = q_blocks * kv_per_q * 2 * block * d * elt
-    if backward:
-        first_pass = 4 * head_qo + head_kv  # Q, O, dO read; dQ written
-        unique = b * h * (first_pass + head_qo) + b * h_kv * head_kv  # dK, dV written
-    else:
-        unique = b * h * 2 * head_qo + b * h_kv * head_kv
-    reread = b * h * kv_reads - b * h_kv * head_kv
-    dma_per_block = 2 + 2 * math.ceil(pairs_per_block) + (3 if backward else 0)
-    kernel_count = 1
-    if not fusion:
-        # Unfused: the score and probability tiles round-trip through HBM (write S, read S,
-        # write P, read P), and QK^T, softmax and PV are separate kernels.
-        unique += b * h * 4 * s_q * s_kv * elt * (kv_per_q / kv_blocks)
-        dma_per_block += 4 * math.ceil(pairs_per_block)
-        kernel_count = 3
-    # The split 910B's hand-off (fused kernel only): its Cube and Vector cores share no buffer,
-    # so every score block the Cube makes leaves L0C for global memory through the Cube core's
-    # FixPipe, for the Vector cores to read. Forward, per (Q, K/V) block pair: S = QK^T (fp32)
-    # and the PV partial output (block x D, fp32) the Vector cores rescale into O. Backward:
-    # S and dP = dO V^T (fp32), and the dQ, dK, dV partials (block x D each, fp32, added into
-    # global memory). The FixPipe is one more pipeline stage of the Cube core, double-buffered
-    # with the mmads like the others (CANN's FlashAttentionScore(Grad) on Atlas A2).
-    fixpipe_rate = hw.cube_unit.fixpipe_bytes_per_cycle_per_core
-    fixpipe_s = 0.0
-    if fusion and fixpipe_rate is not None:
-        # A sequence shorter than a block hands off only the rows and columns it has.
-        rows, cols = min(block, s_q), min(block, s_kv)
-        scores, partials = (2, 3) if backward else (1, 1)
-        handoff_bytes = (scores * rows * cols + partials * rows * d) * ACCUMULATOR_BYTES
-        fixpipe_s = pairs_per_block * handoff_bytes / (fixpipe_rate * hw.ai_core.clock_hz)
-    # K/V of the heads in flight stay in L2 when they fit.
-    heads_in_flight = max(1, min(b * h, hw.ai_core.count) // max(1, q_blocks))
-    if heads_in_flight * head_kv <= hw.memory.l2_bytes:
-        hbm_bytes, l2_bytes = unique, max(0.0, reread)
-    else:
-        hbm_bytes, l2_bytes = unique + max(0.0, reread), 0.0
-    vector_l2_bytes = 0.0
-    if backward and fusion and fixpipe_rate is not None:
-        # The split chip's round trip through the per-core workspace (an L2-resident buffer):
-        # the Vector cores read S and dP and write P and dS (_fag_vector_l2_bytes_per_score), and
-        # the Cube core reads P (for dV) and dS (for dQ and dK, kept in L1 between the two) back
-        # once each, 16-bit (ComputeL1CustomMMDqkv of the SameAB kernel, file cited there).
-        scores_computed = b * h * q_blocks * kv_per_q * min(block, s_q) * min(block, s_kv)
-        vector_l2_bytes = scores_computed * _fag_vector_l2_bytes_per_score(s_kv, elt, kv_per_q, causal)
-        l2_bytes += scores_computed * 2 * elt
-    # Useful FLOP: with a causal mask each query row attends to the keys up to its own
-    # position (the mask aligned at the bottom right when s_q < s_kv, as FlashAttention-2 does);
-    # counted per element, not per block, so a longer sequence never has fewer FLOP.
-    shorter = min(s_q, s_kv)
-    pairs = s_q * s_kv - (shorter * (shorter - 1) / 2 if causal else 0)
-    flop = 2.0 * matmuls * b * h * pairs * d
-    kernel = _Kernel(
-        block_dim=block_dim,
-        cube_s_per_block=cube_s,
-        vector_s_per_block=vec_s,
-        hbm_bytes=hbm_bytes,
-        l2_bytes=l2_bytes,
-        dma_per_block=dma_per_block,
-        stages=stages,
-        iterations=max(1.0, pairs_per_block),
-        flop=flop,
-        kernel_count=kernel_count,
-        mix=fusion,
-        fixpipe_s_per_block=fixpipe_s,
-        vector_l2_bytes=vector_l2_bytes,
-    )
-    return _run_kernel(kernel, hw, hw.ai_core.count)
-
-
-# FlashAttentionScoreGrad's Vector side on Atlas A2 (template S1s2Bn2gs1s2SameAb, the one the
-# 910B's tiling picks for 16-bit inputs; see the hardware files' attention workspace source).
-# Sources: kernel github.com/hicann/ops-transformer commit 2f82d47a,
-# attention/flash_attention_score_grad/op_kernel/arch22/flash_attention_score_grad_s1s2_bn2gs1s2_sab.h
-# (ComputeVec, SubGrapA, SubGrapB, ComputeL1CustomMMDqkv); tiling github.com/repo-mirror-test/
-# ops-transformer commit 7ab1fa15, attention/flash_attention_score_grad/op_host/arch32/
-# flash_attention_score_grad_tiling_s1s2_bn2gs1s2_sab.cpp (DoSplit: 512 x 512 Cube blocks,
-# baseMN = 128 x 64; ChooseL1Custom; GetShapeAttrsInfo); SimpleSoftMax: github.com/leideng/
-# CANN-8.1.RC1 commit 4332a013, .../ascendc/include/highlevel_api/impl/activation/softmax/membase/
-# common/simple_softmax_common_impl.h (fp32 basic block: Sub, Exp, Div). Each Vector core takes half of the Cube core's
-# score block in sub-blocks of (baseMN / 256) rows x 256 columns and, per sub-block:
-#   SubGrapA: MTE2 reads S (fp32) and the row max and sum (8 fp32 each per row), [the causal mask
-#     bytes where the sub-block meets the diagonal], Muls by the scale, SelectWithBytesMask on
-#     the masked sub-blocks, SimpleSoftMax (Sub max, Exp, Div by sum), Cast to 16 bits, MTE3 writes P;
-#   SubGrapB: MTE2 reads dP = dO V^T (fp32) and the row's softmax-grad term D (8 fp32 per row;
-#     D = rowsum(dO * O) is computed once per row before the main loop, not per block pair),
-#     Sub D, Mul by P, Cast to 16 bits, MTE3 writes dS.
-# With the matmul results in the NZ layout each fp32 tile also takes a Unified Buffer copy and
-# an NZ-to-ND Copy, and each 16-bit tile a copy and an ND-to-NZ Copy before MTE3.
-FAG_VECTOR_S2_COLUMNS = 256  # VEC_S2_LEN: columns of one Vector sub-block
-FAG_ROW_STATS_BYTES = 3 * 8 * 4  # max, sum and D: 8 fp32 each per row, re-read per sub-block
-
-
-def _fag_scores_nz(s_q: int, s_kv: int, d: int, dtype: str) -> bool:
-    """Whether the SameAB tiling writes S and dP in the NZ layout (mm1IsNZOut): 16-bit inputs
-    with a key length not a multiple of 128 below 5000, or bf16 with head dim 128 and both
-    sequences >= 512 (ChooseL1Custom; it also asks for no PSE, no dropout, non-deterministic
-    mode and 512 x 512 blocks, which the model does not represent and assumes)."""
-    if DTYPE_BYTES[dtype] != 2:
-        return False
-    return (s_kv % 128 != 0 and s_kv < 5000) or (dtype == "bf16" and d == 128 and min(s_q, s_kv) >= 512)
-
-
-def _fag_mask_frac(causal: bool, kv_per_q: float) -> float:
-    """Share of the computed score blocks that carry the causal mask: the diagonal one of each
-    Q block's ``kv_per_q`` (the model's block grid, not CANN's sub-blocks)."""
-    return 1.0 / kv_per_q if causal else 0.0
-
-
-def _fag_vector_s(block: int, s_q: int, s_kv: int, d: int, dtype: str, causal: bool, kv_per_q: float,
-                  fusion: bool, hw: HardwareSpec) -> float:
-    """Vector-unit seconds one AI Core spends on one (Q block, K/V block) pair of the backward
-    (its Vector units share the pair), per the instruction list above. The NZ-layout copies are
-    charged only for the fused kernel on a split chip (a FixPipe hand-off rate in the hardware
-    file), where the matmul results reach the Vector cores through global memory."""
-    fp32_classes = {"mul": 2, "add": 2, "exp": 1, "div": 1, "cast": 2}  # Muls, Sub, Exp, Div, Sub, Mul, 2 Casts
-    mask = _fag_mask_frac(causal, kv_per_q)
-    if mask:
-        fp32_classes["max"] = 2 * mask  # SelectWithBytesMask: compare the mask bytes, select
-    half_classes: dict[str, float] = {}
-    split = fusion and hw.cube_unit.fixpipe_bytes_per_cycle_per_core is not None
-    if split and _fag_scores_nz(s_q, s_kv, d, dtype):
-        # UB copies (DataCopy, Copy) run one 256-byte repeat per cycle, counted as add-class.
-        fp32_classes["add"] += 4  # S and dP: copy + NZ-to-ND each
-        half_classes["add"] = 4  # P and dS: copy + ND-to-NZ each, 16-bit
-    elements = block * block
-    seconds = _vector_s(elements, fp32_classes, "fp32", hw)
-    if half_classes:
-        seconds += _vector_s(elements, half_classes, dtype, hw)
-    return seconds / hw.vector_units_per_ai_core
-
-
-def _fag_vector_l2_bytes_per_score(s_kv: int, elt: int, kv_per_q: float, causal: bool) -> float:
-    """Bytes the Vector cores move per score element of the backward: S and dP in (fp32), P and
-    dS out (``elt`` bytes, the input dtype), the row statistics once per sub-block row, one mask
-    byte per element of the masked blocks."""
-    cols = min(FAG_VECTOR_S2_COLUMNS, s_kv)  # CANN's sub-block, whatever the model's block_size
-    return 2 * ACCUMULATOR_BYTES + 2 * elt + FAG_ROW_STATS_BYTES / cols + _fag_mask_frac(causal, kv_per_q)
-
-
-def flash_attention_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
-    """FlashAttention forward. Shapes: q (B, H, S_q, D), k and v (B, H_kv, S_kv, D).
-
-    Attributes: ``block_size`` (rows of Q and of K/V per block), ``pipeline_stages``,
-    ``fusion``, ``causal``.
-
-    Raises:
-        ValueError: the blocks in flight do not fit in one AI Core's L1.
-    """
-    return _flash_attention_common(spec, hw, backward=False)
-
-
-def flash_attention_grad_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
-    """FlashAttention backward; same shapes and attributes as the forward."""
-    return _flash_attention_common(spec, hw, backward=True)
+    m, k, cols = cout, n * ho * wo, round_up(cin, c0) * kh * kw
+    return _best_matmul(1, m, k, cols, spec.dtype, hw, b_hbm_bytes=n * round_up(cin, c0) * h * w * elt)
 
 
 # --------------------------------------------------------------------------------------
@@ -615,7 +236,7 @@ def generic_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
 
 
 def _explicit_bytes_cost(prof: VectorProfile, spec: OpSpec, hw: HardwareSpec) -> OpCost:
-    elements = _numel(spec.shapes[0])
+    elements = numel(spec.shapes[0])
     read_bytes, write_bytes = spec.attr("read_bytes"), spec.attr("write_bytes")
     if read_bytes is None and write_bytes is None:
         return _vector_kernel_cost(prof, elements, spec.dtype, hw)
@@ -640,17 +261,17 @@ def _vector_kernel_cost(prof: VectorProfile, elements: int, dtype: str, hw: Hard
     # Work is spread over every Vector unit in 32-byte DMA blocks; tiny tensors use fewer cores.
     align = max(1, hw.memory.unified_buffer_block_bytes // elt)
     cores = hw.ai_core.vector_core_count
-    block_dim = min(cores, _ceil_div(elements, align))
+    block_dim = min(cores, ceil_div(elements, align))
     # The Vector unit works on whole 32-byte blocks, so a core's share rounds up to one.
-    elements_per_block = _round_up(_ceil_div(elements, block_dim), align)
-    chunks_per_core = _ceil_div(elements_per_block, chunk_elements)
+    elements_per_block = round_up(ceil_div(elements, block_dim), align)
+    chunks_per_core = ceil_div(elements_per_block, chunk_elements)
     grains = max(1.0, elements_per_block / chunk_elements)
     total_bytes = elements * bytes_per_element
     transfers_per_chunk = math.ceil(prof.read_elements) + math.ceil(prof.write_elements)
-    kernel = _Kernel(
+    kernel = Kernel(
         block_dim=block_dim,
         cube_s_per_block=0.0,
-        vector_s_per_block=_vector_s(elements_per_block, prof.op_classes, compute_dtype, hw),
+        vector_s_per_block=vector_time_s(elements_per_block, prof.op_classes, compute_dtype, hw),
         hbm_bytes=total_bytes,
         l2_bytes=0.0,
         dma_per_block=chunks_per_core * transfers_per_chunk,
@@ -658,7 +279,7 @@ def _vector_kernel_cost(prof: VectorProfile, elements: int, dtype: str, hw: Hard
         iterations=grains,
         flop=elements * sum(prof.op_classes.values()),
     )
-    return _run_kernel(kernel, hw, cores)
+    return run_kernel(kernel, hw, cores)
 
 
 #: A device-to-device copy moves each element once in and once out and computes nothing.
@@ -696,12 +317,12 @@ def embedding_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     row_bytes = hidden * elt
     cores = hw.ai_core.vector_core_count
     block_dim = min(cores, tokens)
-    rows_per_core = _ceil_div(tokens, block_dim)
+    rows_per_core = ceil_div(tokens, block_dim)
     moves = 3 if grad else 2
-    kernel = _Kernel(
+    kernel = Kernel(
         block_dim=block_dim,
         cube_s_per_block=0.0,
-        vector_s_per_block=_vector_s(rows_per_core * hidden, {"add": 1 if grad else 0}, "fp32", hw),
+        vector_s_per_block=vector_time_s(rows_per_core * hidden, {"add": 1 if grad else 0}, "fp32", hw),
         hbm_bytes=tokens * row_bytes * moves + tokens * DTYPE_BYTES["int32"],
         l2_bytes=0.0,
         dma_per_block=rows_per_core * moves,
@@ -709,7 +330,7 @@ def embedding_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
         iterations=float(rows_per_core),
         flop=float(tokens * hidden if grad else 0),
     )
-    return _run_kernel(kernel, hw, cores)
+    return run_kernel(kernel, hw, cores)
 
 
 # --------------------------------------------------------------------------------------
@@ -745,7 +366,7 @@ def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     ranks: tuple[int, ...] = spec.attr("ranks")
     p = len(ranks)
     elt = DTYPE_BYTES[spec.dtype]
-    nbytes = _numel(spec.shapes[0]) * elt
+    nbytes = numel(spec.shapes[0]) * elt
     ic = hw.interconnect
     # a degraded link in the group bounds the whole collective (attribute link_bandwidth_frac)
     eff = ic.link_efficiency_frac * spec.attr("link_bandwidth_frac", 1.0)
@@ -795,13 +416,13 @@ def collective_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     # Reduction (gamma term): the Vector units add (p-1)/p of the data.
     reduce_s = 0.0
     if reduces:
-        reduce_s = _vector_s((p - 1) / p * _numel(spec.shapes[0]), {"add": 1}, spec.dtype if spec.dtype in hw.vector_unit.ops_per_cycle_per_core else "fp32", hw) / hw.ai_core.vector_core_count
+        reduce_s = vector_time_s((p - 1) / p * numel(spec.shapes[0]), {"add": 1}, spec.dtype if spec.dtype in hw.vector_unit.ops_per_cycle_per_core else "fp32", hw) / hw.ai_core.vector_core_count
     duration_s = hw.launch.kernel_launch_latency_s + comm_s + reduce_s
     algbw = nbytes / duration_s
     bus_factor = {"AllReduce": 2 * (p - 1) / p, "Broadcast": 1.0}.get(kind, (p - 1) / p)
     return OpCost(
         duration_s=duration_s,
-        flop=float(_numel(spec.shapes[0]) * (p - 1) / p) if reduces else 0.0,
+        flop=float(numel(spec.shapes[0]) * (p - 1) / p) if reduces else 0.0,
         hbm_bytes=float(nbytes * passes * 2),
         l2_bytes=0.0,
         block_dim=0,
@@ -824,7 +445,7 @@ def p2p_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     rank: int = spec.attr("rank", 0)
     ic = hw.interconnect
     eff = ic.link_efficiency_frac * spec.attr("link_bandwidth_frac", 1.0)
-    nbytes = _numel(spec.shapes[0]) * DTYPE_BYTES[spec.dtype]
+    nbytes = numel(spec.shapes[0]) * DTYPE_BYTES[spec.dtype]
     if rank // ic.cards_per_server != peer // ic.cards_per_server:
         algorithm, bw, latency_s = "p2p-roce", ic.roce_bandwidth_bytes_per_s, ic.roce_latency_s
     elif rank // ic.hccs_group_size != peer // ic.hccs_group_size:
@@ -906,7 +527,7 @@ def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
     (b, n, s_q, d), (_, n_kv, s_kv, _) = spec.shapes[0], spec.shapes[1]
     cores = hw.ai_core.vector_core_count
     fp32 = DTYPE_BYTES["fp32"]
-    d_align = _round_up(d, ws.flash_attention_head_dim_alignment)
+    d_align = round_up(d, ws.flash_attention_head_dim_alignment)
     if spec.op_type == "FlashAttention":
         if s_kv <= ws.flash_attention_min_kv_len or d <= ws.flash_attention_min_head_dim:
             return 0
@@ -921,11 +542,11 @@ def op_workspace_bytes(spec: OpSpec, hw: HardwareSpec) -> int:
     total = ws.flash_attention_grad_sync_bytes
     for elements in (b * n * s_q * d_align, b * n_kv * s_kv * d_align, b * n_kv * s_kv * d_align):  # dq, dk, dv
         total = _place(total, elements * fp32, align)
-    total += _round_up(ws.flash_attention_grad_softmax_bytes_per_row * b * n * s_q, align)
+    total += round_up(ws.flash_attention_grad_softmax_bytes_per_row * b * n * s_q, align)
     blocks = cores * ws.flash_attention_grad_block_rows * ws.flash_attention_grad_block_cols * fp32
     total = _place(total, blocks * ws.flash_attention_grad_block_copies, align) + buffer
     pad = ws.flash_attention_grad_sink_pad
-    sink = b * n * _round_up(s_q, pad) * _round_up(s_kv, pad) // ws.flash_attention_grad_sink_block_elements * fp32
+    sink = b * n * round_up(s_q, pad) * round_up(s_kv, pad) // ws.flash_attention_grad_sink_block_elements * fp32
     total = _place(total, sink, align) + buffer
     return _place(total, DTYPE_BYTES["int32"], align) + buffer  # the sink sum's int32
 

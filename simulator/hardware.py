@@ -236,7 +236,7 @@ class ProfilerSpec(_Group):
     profiled_host_dispatch_s: float | None = Field(
         default=None, ge=0,
         description="Host time to issue one kernel from eager torch_npu while torch_npu's profiler records "
-        "(Level1/Level2, record_shapes), its own host overhead included: the median host interval per kernel of "
+        "(Level1/Level2, record_shapes), its own host overhead included: the mean host interval per kernel of "
         "such profiles (pytest_oam.calibrate.host_intervals_s; what oam calibrate fits). Replaces "
         "launch.host_dispatch_s when a simulated step is compared with such a profile (oam validate --profile's "
         "step composition); never used for an unprofiled run. None: not modelled")

@@ -403,13 +403,15 @@ def test_two_files_with_one_name_and_different_figures_are_refused(tmp_path) -> 
 def test_llm_calibration_fits_the_hccs_link_from_the_communication_matrix(llm_calibrated) -> None:
     # the LLM folder's communication_matrix.json: HCCS carried 1,766.6 MB in 92.97 ms, 19.0 GB/s
     # achieved; written over ascend910b4's link efficiency 0.8, rounded to 0.1 GB/s: 23.8 GB/s
+    # (the bundled spec has the 910B2's 19.6 GB/s)
     path, printed = llm_calibrated
     spec = load_hardware(str(path))
     fit = spec.calibration.link_rates["HCCS"]
     assert fit.field == "hccs_link_bandwidth_bytes_per_s"
     assert fit.achieved_bytes_per_s == pytest.approx(19.0e9, rel=1e-3)
     assert spec.interconnect.hccs_link_bandwidth_bytes_per_s == fit.fitted_bytes_per_s == pytest.approx(23.8e9)
-    assert "HCCS links: 19.0 GB/s achieved" in printed
+    assert fit.before_bytes_per_s == pytest.approx(19.6e9)
+    assert "HCCS links: 19.0 GB/s achieved over 1,766.6 MB" in printed
 
 
 def test_calibration_fits_the_link_rate_of_the_user_s_machine(tmp_path, capsys) -> None:
@@ -430,3 +432,20 @@ def test_calibration_fits_the_link_rate_of_the_user_s_machine(tmp_path, capsys) 
     broken = tmp_path / "broken.json"
     code, _, err = run(["calibrate", str(folder), "-o", str(broken)], capsys)
     assert code == 2 and "communication.json: is not JSON" in err and not broken.exists()
+
+
+def test_a_link_that_carried_little_keeps_the_base_rate(tmp_path) -> None:
+    # Regression test (review): 112 bytes of all-gathers timed their start-up, not the link, and
+    # were written as a 0.03 GB/s HCCS rate. Under 64 MiB a transport keeps the base's value.
+    from pytest_oam.calibrate import MIN_LINK_FIT_BYTES, fit_link_rates
+
+    def write(mb: float) -> Path:
+        path = tmp_path / f"communication_{mb}.json"
+        info = {"Transit Size(MB)": mb, "Transit Time(ms)": 0.004, "Bandwidth(GB/s)": 0.0}
+        path.write_text(json.dumps({"s": {"collective": {"Total Op Info": {"Communication Bandwidth Info": {"HCCS": info}}}}}))
+        return path
+
+    base = load_hardware("ascend910b")
+    assert fit_link_rates([write(0.000112)], base) == {}
+    big = fit_link_rates([write(MIN_LINK_FIT_BYTES / 1e6 * 2)], base)
+    assert big["HCCS"]["fitted_bytes_per_s"] > 1e9

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.costs import VECTOR_PROFILES, OpSpec, conv_output_hw, op_cost, pipelined_time_s
+from simulator.costs import VECTOR_PROFILES, OpSpec, conv_output_hw, op_cost
 from simulator.hardware import load_hardware
+from simulator.kernel_model import pipelined_time_s
 
 HARDWARE = ["ascend910", "ascend910b", "ascend910b4"]
 A910 = load_hardware("ascend910")

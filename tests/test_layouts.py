@@ -361,7 +361,8 @@ def test_megatron_runs_its_vocab_parallel_cross_entropy_kernel_by_kernel() -> No
         "Cast", "ReduceMax", "Sub", "Exp", "ReduceSum", "RealDiv", "Mul", "Cast"]
     vocab_shard = TINY.vocab_size // 2
     assert all(op.input_shapes[0] == [512, vocab_shard] for op in loss if op.stream == "compute")
-    assert [op.name for op in loss if op.stream == "hccl"] == ["loss.tp_allreduce_max", "loss.tp_allreduce_sum"]
+    assert [op.name for op in loss if op.stream == "hccl"] == [
+        "loss.tp_allreduce_max", "loss.tp_allreduce_predicted", "loss.tp_allreduce_sum"]
     assert not megatron.ops_of("CrossEntropy") and not megatron.ops_of("CrossEntropyGrad")
     # fp32 passes over the logits: the in-place ones read and write 4 bytes per element (and a row operand)
     sub = next(op for op in loss if op.op_type == "Sub")

@@ -21,6 +21,7 @@ file and the entry at fault.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,11 +94,17 @@ def read_link_rates(path: str | Path) -> dict[str, LinkRate]:
         data = json.loads(read_text(file))
     except json.JSONDecodeError as exc:
         raise ImportError_(f"{file}: is not JSON ({exc.msg}, line {exc.lineno}); expected {KIND}") from None
+    except RecursionError:
+        raise ImportError_(f"{file}: JSON nested too deep to be {KIND}") from None
     if not isinstance(data, dict):
         raise ImportError_(f"{file}: is a JSON {type(data).__name__}, not an object; expected {KIND}")
     sums: dict[str, list[float]] = {}
     seen = 0
-    for where, op, link, entry in _link_entries(data):
+    try:
+        entries = list(_link_entries(data))
+    except RecursionError:
+        raise ImportError_(f"{file}: JSON nested too deep to be {KIND}") from None
+    for where, op, link, entry in entries:
         seen += 1
         transport = str(entry.get("Transport Type", "")).strip().upper()
         src, _, dst = str(link).partition("-") if link is not None else ("", "", "to another rank")
@@ -115,4 +122,9 @@ def read_link_rates(path: str | Path) -> dict[str, LinkRate]:
     if not seen:
         raise ImportError_(f"{file}: no link entry (an object with 'Transport Type' or "
                            f"'{BANDWIDTH_INFO}'); expected {KIND}")
-    return {t: LinkRate(t, b, s, int(n)) for t, (b, s, n) in sums.items()}
+    rates = {t: LinkRate(t, b, s, int(n)) for t, (b, s, n) in sums.items()}
+    for rate in rates.values():
+        if not math.isfinite(rate.bytes_per_s):
+            raise ImportError_(f"{file}: the {rate.transport} entries sum to {rate.transit_bytes:g} bytes in "
+                               f"{rate.transit_s:g} s, not a rate")
+    return rates

@@ -17,6 +17,7 @@ Like the comparison, this module imports neither pytest nor the simulator runtim
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import statistics
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from simulator.hardware import HardwareSpec
-from simulator.profile import OpRecord, Profile
+from simulator.profile import DEVICE_WAIT_MIN_GAP_S, OpRecord, Profile
 from simulator.units import FP16_MAX
 
 from ..format import fmt_bytes_in, fmt_frac, fmt_gb_per_s, fmt_ms, fmt_percent, fmt_us
@@ -62,12 +63,6 @@ class RuleFinding:
     step_share_frac: float
 
 
-#: Device idle time between two kernels above which the second did not start when the first ended:
-#: the simulator starts a kernel whose stream is free and whose host issue is done at once, so a
-#: kernel that waited for neither follows the previous one to the picosecond.
-HOST_GAP_MIN_S = 1e-12
-
-
 @dataclass(frozen=True)
 class RuleContext:
     """What a rule reads: the profile, the card, and the rule's thresholds."""
@@ -93,22 +88,33 @@ class RuleContext:
     @cached_property
     def _host_gated(self) -> frozenset[int]:
         """``id`` of every compute op whose successor on the compute stream (same step) started
-        after the device sat idle, neither waiting for a collective (``wait_hccl_op``) nor issued
-        after a device synchronisation (``host_synced``): the host issued that successor late
+        after the device sat idle longer than :data:`DEVICE_WAIT_MIN_GAP_S`, with no collective
+        ending in that gap (a blocking collective or a pipeline transfer the compute stream waited
+        for) and the successor neither waiting for a collective (``wait_hccl_op``) nor issued after
+        a device synchronisation (``host_synced``): the host issued that successor late
         (:func:`simulator.runtime.timeline.dispatch`), so the op ending sooner starts nothing
-        sooner."""
+        sooner. The same reading as ``oam calibrate``'s host intervals, for simulated and
+        imported profiles alike."""
         gated = set()
         by_step: dict[int, list[OpRecord]] = defaultdict(list)
+        collective_ends: list[float] = []
         for op in self.profile.ops:
             if op.stream == "compute":
                 by_step[op.step].append(op)
+            else:
+                collective_ends.append(op.start_s + op.duration_s)
+        collective_ends.sort()
         for ops in by_step.values():
             ops.sort(key=lambda o: o.start_s)
             for before, after in itertools.pairwise(ops):
-                idle_s = after.start_s - (before.start_s + before.duration_s)
-                if (idle_s > HOST_GAP_MIN_S and "wait_hccl_op" not in after.attrs
-                        and not after.attrs.get("host_synced")):
-                    gated.add(id(before))
+                idle_from = before.start_s + before.duration_s
+                if (after.start_s - idle_from <= DEVICE_WAIT_MIN_GAP_S or "wait_hccl_op" in after.attrs
+                        or after.attrs.get("host_synced")):
+                    continue
+                first_end = bisect.bisect_left(collective_ends, idle_from)
+                if first_end < len(collective_ends) and collective_ends[first_end] <= after.start_s:
+                    continue  # the device may have waited for that collective
+                gated.add(id(before))
         return frozenset(gated)
 
     def step_saving_s(self, op: OpRecord, saved_s: float) -> float:

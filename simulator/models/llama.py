@@ -725,7 +725,7 @@ class _Stage:
         op over the ``(tokens, vocab / tp)`` logits: ``logits.float()`` (``Cast`` to a new fp32
         tensor), the row max (``ReduceMax``), ``-= max`` in place (``Sub``), ``exp`` in place
         (``Exp``), the row sum (``ReduceSum``), the softmax ``div_`` in place (``RealDiv``); with
-        tensor parallelism the max and the sum are all-reduced. The per-row work on ``(tokens,)``
+        tensor parallelism the max, the target's logit and the sum are all-reduced. The per-row work on ``(tokens,)``
         tensors (the target's logit, the log) is left out. Returns the fp32 softmax, which the
         backward reads (:meth:`_vocab_parallel_cross_entropy_grad`)."""
         tokens, tp_ranks, tp_reduce = self.tokens, self.tp_ranks, self.tp_reduce
@@ -736,7 +736,8 @@ class _Stage:
         self._in_place(npu, "Sub", probs, f"{tag}loss.sub_max")
         self._in_place(npu, "Exp", probs, f"{tag}loss.exp", row_operand=False)
         self._reduce_rows(npu, "ReduceSum", probs, f"{tag}loss.sum_exp")
-        if tp_reduce:
+        if tp_reduce:  # the target's logit (zero on the ranks whose shard lacks it), then the sum
+            npu.all_reduce(Tensor((tokens,), "fp32"), ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_predicted")
             npu.all_reduce(Tensor((tokens,), "fp32"), ranks=tp_ranks, name=f"{tag}loss.tp_allreduce_sum")
         self._in_place(npu, "RealDiv", probs, f"{tag}loss.softmax")
         return probs

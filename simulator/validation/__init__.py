@@ -21,8 +21,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..costs import vector_unit_time_s
 from ..hardware import HardwareSpec, load_hardware
+from ..kernel_model import vector_unit_time_s
 from ..models import LLAMA2_7B, LLAMA2_13B, LLAMA2_70B, ParallelLayout, training_step
 from ..models.published import load_published_layouts
 from ..runtime import run
