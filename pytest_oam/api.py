@@ -144,14 +144,28 @@ def _check_params(model: str, params: dict[str, object], hardware: str, devices:
 _HARDWARE_FORM = re.compile(r"^(?P<name>[a-z0-9]+?)(?:x(?P<count>[+-]?\d+))?$")
 
 
+#: A hardware file (e.g. one ``oam calibrate`` wrote) with an optional card count: ``./my.json x 8``.
+_HARDWARE_FILE_FORM = re.compile(r"^(?P<path>.+?\.json)(?:\s*[x×]\s*(?P<count>[+-]?\d+))?$", re.IGNORECASE)
+
+
 def parse_hardware(text: str) -> tuple[str, int]:
-    """``"Ascend 910 x 8"`` -> ``("ascend910", 8)``; ``"ascend910b"`` -> ``("ascend910b", 1)``.
+    """``"Ascend 910 x 8"`` -> ``("ascend910", 8)``; ``"ascend910b"`` -> ``("ascend910b", 1)``;
+    a hardware file, ``"./my-910b.json x 8"`` -> ``("./my-910b.json", 8)`` (the path as given).
 
     Raises:
-        ValueError: not a known device, or a card count below 1 (the message lists the choices).
+        ValueError: not a known device or a usable hardware file (a
+            :class:`~simulator.hardware.HardwareFileError` naming the file and field), or a card
+            count below 1 (the message lists the choices).
     """
-    from simulator.hardware import list_hardware
+    from simulator.hardware import list_hardware, load_hardware_file
 
+    file = _HARDWARE_FILE_FORM.match(str(text).strip())
+    if file:
+        load_hardware_file(file.group("path"))
+        count = int(file.group("count")) if file.group("count") else 1
+        if count < 1:
+            raise ValueError(f"hardware {text!r}: the card count must be at least 1, got {count}")
+        return file.group("path"), count
     known = list_hardware()
     compact = re.sub(r"[\s_*]+", "", str(text).lower().replace("×", "x"))
     compact = compact.replace("-", "") if not re.search(r"x-\d+$", compact) else compact

@@ -153,6 +153,7 @@ def fit_link_rates(files: list[Path], base) -> dict[str, dict]:
     """
     from .files.communication_matrix import read_link_rates
     from .files.realfile import ImportError_
+    from .format import fmt_gb_per_s, fmt_mb, fmt_ms
 
     pooled: dict[str, list[float]] = {}
     for file in files:
@@ -165,12 +166,18 @@ def fit_link_rates(files: list[Path], base) -> dict[str, dict]:
             total[0] += rate.transit_bytes
             total[1] += rate.transit_s
     ic = base.interconnect
+    # a link reads what it carries from the card's memory: no faster than the HBM
+    ceiling = base.memory.hbm_bandwidth_bytes_per_s
     fits = {}
     for transport, (nbytes, seconds) in sorted(pooled.items()):
         field = LINK_FIELDS.get(transport)
         if field is None or nbytes < MIN_LINK_FIT_BYTES:
             continue
         achieved = nbytes / seconds
+        if achieved > ceiling:
+            raise CalibrationError(f"{', '.join(map(str, files))}: {transport} carried {fmt_mb(nbytes)} in "
+                                   f"{fmt_ms(seconds, 3)}, {fmt_gb_per_s(achieved)}, faster than the card's HBM "
+                                   f"({fmt_gb_per_s(ceiling)}): not a link rate")
         fits[transport] = {"field": field, "achieved_bytes_per_s": achieved, "transit_bytes": nbytes,
                            "before_bytes_per_s": getattr(ic, field),
                            "fitted_bytes_per_s": round(achieved / ic.link_efficiency_frac, -8)}
@@ -361,6 +368,7 @@ def calibrate(profiles: list[str | Path], output: str | Path, hardware: str | No
         "profiled_host_dispatch_s_fitted": host_fitted,
         "kernels": len(kernels), "median_abs_error_frac_before": median_abs_error(kernels),
         "median_abs_error_frac_after": median_abs_error(kernels, scales),
+        "link_files": [str(f) for f in comm_files],
         "link_rates": link_rates,
     }
     CalibrationSpec.model_validate(calibration)  # our own output: fail here, not when it is read back
@@ -405,8 +413,11 @@ def calibration_text(calibration: dict, output: Path, fmt: str = "simple") -> st
     gaps = sum(p["host_gaps"] for p in calibration["profiles"])
     lines.append(f"host dispatch per kernel under the profiler: {'none' if before is None else fmt_time(before)} -> "
                  + (f"{fmt_time(host)} ({gaps:,} host gaps)" if host is not None
-                    else f"kept ({gaps} host gaps, fewer than {calibration['min_kernels']})")
+                    else f"kept ({gaps:,} host gaps, fewer than {calibration['min_kernels']:,})")
                  + "; launch.host_dispatch_s kept: a profile cannot separate the profiler's overhead")
+    if calibration.get("link_files") and not calibration.get("link_rates"):
+        lines.append(f"links: kept: {', '.join(calibration['link_files'])} show no transport between NPUs that "
+                     f"carried {fmt_mb(MIN_LINK_FIT_BYTES)} or more")
     for transport, fit in sorted(calibration.get("link_rates", {}).items()):
         lines.append(f"{transport} links: {fmt_gb_per_s(fit['achieved_bytes_per_s'])} achieved over "
                      f"{fmt_mb(fit['transit_bytes'])}; interconnect.{fit['field']} "

@@ -308,6 +308,9 @@ class CalibrationSpec(_Group):
     kernels: NonNegativeInt = Field(description="Kernels re-costed over all profiles")
     median_abs_error_frac_before: float = Field(ge=0, description="Median |error| per kernel on the base spec")
     median_abs_error_frac_after: float = Field(ge=0, description="The same on this spec")
+    link_files: list[str] = Field(
+        default_factory=list, description="The communication files (communication_matrix.json or communication.json) "
+        "found beside the profiles and read for link_rates")
     link_rates: dict[str, LinkRateFit] = Field(
         default_factory=dict, description="Transport (HCCS, PCIE, RDMA) -> the link rate fitted from the profiles' "
         "communication_matrix.json or communication.json (pytest_oam.files.communication_matrix); empty when "

@@ -132,6 +132,24 @@ def test_hardware_forms(text, parsed) -> None:
     assert oam.parse_hardware(text) == parsed
 
 
+def test_a_hardware_file_with_a_card_count(tmp_path) -> None:
+    # Regression test (review): oam collect --hardware ./my.json said "unknown hardware"
+    import json
+
+    from simulator.hardware import HardwareFileError, load_hardware
+
+    data = load_hardware("ascend910b").model_dump(mode="json")
+    data.update(name="my-910b", display_name="mine")
+    path = tmp_path / "my-910b.json"
+    path.write_text(json.dumps(data))
+    assert oam.parse_hardware(f"{path} x 8") == (str(path), 8)
+    assert oam.parse_hardware(str(path)) == (str(path), 1)
+    with pytest.raises(HardwareFileError, match="no such hardware file"):
+        oam.parse_hardware(str(tmp_path / "none.json"))
+    with pytest.raises(ValueError, match="at least 1"):
+        oam.parse_hardware(f"{path} x 0")
+
+
 def test_dataset_lengths_are_reproducible() -> None:
     from simulator.datasets import load_dataset
 

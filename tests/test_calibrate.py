@@ -439,13 +439,40 @@ def test_a_link_that_carried_little_keeps_the_base_rate(tmp_path) -> None:
     # were written as a 0.03 GB/s HCCS rate. Under 64 MiB a transport keeps the base's value.
     from pytest_oam.calibrate import MIN_LINK_FIT_BYTES, fit_link_rates
 
-    def write(mb: float) -> Path:
+    def write(mb: float) -> Path:  # at 20 GB/s
         path = tmp_path / f"communication_{mb}.json"
-        info = {"Transit Size(MB)": mb, "Transit Time(ms)": 0.004, "Bandwidth(GB/s)": 0.0}
+        info = {"Transit Size(MB)": mb, "Transit Time(ms)": mb / 20.0, "Bandwidth(GB/s)": 20.0}
         path.write_text(json.dumps({"s": {"collective": {"Total Op Info": {"Communication Bandwidth Info": {"HCCS": info}}}}}))
         return path
 
     base = load_hardware("ascend910b")
     assert fit_link_rates([write(0.000112)], base) == {}
     big = fit_link_rates([write(MIN_LINK_FIT_BYTES / 1e6 * 2)], base)
-    assert big["HCCS"]["fitted_bytes_per_s"] > 1e9
+    assert big["HCCS"]["fitted_bytes_per_s"] == pytest.approx(20e9 / 0.8)
+
+
+@pytest.mark.parametrize("info, message", [
+    ({"Transit Size(MB)": -5.0, "Transit Time(ms)": 1.0}, "cannot be negative"),
+    ({"Transit Size(MB)": 427.0, "Transit Time(ms)": 0.0}, "carried in 0 ms"),
+    ({"Transit Size(MB)": 7.5e11, "Transit Time(ms)": 1.0}, "faster than the card's HBM"),
+])
+def test_impossible_link_figures_are_refused_naming_the_file(tmp_path, capsys, info, message) -> None:
+    # Regression tests (newcomer): negative sizes were dropped without a word, and a rate no link
+    # can carry (above the card's HBM bandwidth) was written into the hardware file
+    folder = tmp_path / "rank0_ascend_pt"
+    shutil.copytree(ALEXNET_L1, folder)
+    (folder / "communication.json").write_text(json.dumps({"step1": {"collective": {
+        "Total Op Info": {"Communication Bandwidth Info": {"HCCS": info}}}}}))
+    out = tmp_path / "out.json"
+    code, _, err = run(["calibrate", str(folder), "-o", str(out)], capsys)
+    assert code == 2 and message in err and "communication.json" in err and not out.exists()
+
+
+def test_a_communication_file_that_fits_nothing_says_the_rates_are_kept(tmp_path, capsys) -> None:
+    folder = tmp_path / "rank0_ascend_pt"
+    shutil.copytree(ALEXNET_L1, folder)
+    info = {"Transit Size(MB)": 0.001, "Transit Time(ms)": 0.01}
+    (folder / "communication.json").write_text(json.dumps({"step1": {"collective": {
+        "Total Op Info": {"Communication Bandwidth Info": {"HCCS": info}}}}}))
+    code, printed, _ = run(["calibrate", str(folder), "-o", str(tmp_path / "out.json")], capsys)
+    assert code == 0 and "links: kept:" in printed and "communication.json" in printed

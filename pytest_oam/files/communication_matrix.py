@@ -86,8 +86,9 @@ def read_link_rates(path: str | Path) -> dict[str, LinkRate]:
     transports with none are absent. ``path`` is a matrix file or a ``communication.json``.
 
     Raises:
-        ImportError_: unreadable, not JSON, not an object, a link entry without a number for
-            ``Transit Size(MB)`` / ``Transit Time(ms)``, or no link entry at all.
+        ImportError_: unreadable, not JSON, not an object, a summed link entry without a number
+            for ``Transit Size(MB)`` / ``Transit Time(ms)``, a negative one, bytes carried in no
+            time, or no link entry at all.
     """
     file = Path(path)
     try:
@@ -113,8 +114,12 @@ def read_link_rates(path: str | Path) -> dict[str, LinkRate]:
         at = f"{where}/{link if link is not None else transport}"
         size_mb = number(entry.get("Transit Size(MB)"), file, f"{at}: Transit Size(MB)")
         time_ms = number(entry.get("Transit Time(ms)"), file, f"{at}: Transit Time(ms)")
-        if size_mb <= 0 or time_ms <= 0:
-            continue
+        if size_mb < 0 or time_ms < 0:
+            raise ImportError_(f"{file}: {at}: {size_mb:g} MB in {time_ms:g} ms: a size and a time cannot be negative")
+        if size_mb == 0:
+            continue  # a transport the operator did not use
+        if time_ms == 0:
+            raise ImportError_(f"{file}: {at}: {size_mb:g} MB carried in 0 ms")
         total = sums.setdefault(transport, [0.0, 0.0, 0])
         total[0] += size_mb * MEGA
         total[1] += time_ms * S_PER_MS
