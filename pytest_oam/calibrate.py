@@ -26,7 +26,7 @@ hardware file (the schema of ``simulator/hardware/*.json``) with the provenance 
 
 What the fit does not capture: a kernel's error that depends on its shape within an op type (a
 scale moves every kernel of a type alike, so the launch floor of small kernels and the
-efficiency of large ones cannot both be fitted); op types the replay cannot re-cost (``SwiGlu``,
+efficiency of large ones cannot both be fitted); op types the replay cannot re-cost (``LpNormV2``,
 HCCL tasks, convolutions); collectives, pipeline bubbles and synchronisations; and the host
 time of an unprofiled run (the fitted interval includes the profiler's own host overhead).
 """

@@ -33,7 +33,7 @@ the simulator's own defaults):
   table.
 
 Not replayed, each counted and named with its reason: kernel types without a simulator op type
-(``SwiGlu``, ``TransData``, ...), HCCL tasks (no message size or group in the file, and their
+(``LpNormV2``, ``TransData``, ...), HCCL tasks (no message size or group in the file, and their
 time includes waiting for the other ranks), convolutions (no stride or padding in the file),
 rows without shapes, with shapes that do not parse or do not fit the op, dtypes the simulator
 does not have, and rows whose measured duration is 0.

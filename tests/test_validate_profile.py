@@ -58,8 +58,9 @@ def test_every_kernel_is_replayed_or_counted_and_named(replayed) -> None:
     measured_s = sum(float(r["Duration(us)"]) for r in llm_rows() if r["Type"] in ("MatMulV2", "MatMulV3")) * 1e-6
     assert data["by_op_type"]["MatMul"]["measured_s"] == pytest.approx(measured_s, rel=1e-9)
     unmapped = {u["kernel_type"]: u for u in data["unmapped"]}
-    assert unmapped["SwiGlu"]["count"] == 28 and unmapped["SwiGlu"]["names"] == ["SwiGlu"]
-    assert "SiLU" in unmapped["SwiGlu"]["reason"]
+    assert unmapped["LpNormV2"]["count"] == 59 and unmapped["LpNormV2"]["names"] == ["aclnnLinalgVectorNorm_LpNormV2_LpNormV2"]
+    assert "p-norm" in unmapped["LpNormV2"]["reason"]
+    assert data["by_op_type"]["SwiGlu"]["count"] == data["by_op_type"]["SwiGluGrad"]["count"] == 28
     assert unmapped["hcom_allReduce_"]["count"] == 7 and "HCCL" in unmapped["hcom_allReduce_"]["reason"]
     # exit 1 exactly when the median is above the default 15%
     assert code == (1 if data["median_abs_error_frac"] > 0.15 else 0)
@@ -106,7 +107,7 @@ def test_text_report(capsys) -> None:
     assert "hardware: the kernels fill 20 AI Cores and 40 Vector cores at 1650 MHz" in out
     (matmul,) = [line for line in out.splitlines() if line.startswith("MatMul ")]
     assert matmul.split()[1] == "336"
-    assert "not re-costed:" in out and any(line.startswith("SwiGlu ") for line in out.splitlines())
+    assert "not re-costed:" in out and any(line.startswith("LpNormV2 ") for line in out.splitlines())
 
 
 def row(name: str) -> dict[str, str]:
@@ -136,8 +137,11 @@ def test_real_rows_become_the_simulators_ops() -> None:
     assert kernel_spec("ApplyAdamWV2", adam) == OpSpec("ApplyAdamW", ((3145728,),), "fp32")
     move = next(r for r in rows if r["Type"] == "TensorMove" and r["Input Shapes"] == '"77791232"')
     assert kernel_spec("TensorMove", move).attr("nbytes") == 77791232 * 4
-    with pytest.raises(NotReplayable, match="SiLU"):
-        kernel_spec("SwiGlu", next(r for r in rows if r["Type"] == "SwiGlu"))
+    with pytest.raises(NotReplayable, match="p-norm"):
+        kernel_spec("LpNormV2", next(r for r in rows if r["Type"] == "LpNormV2"))
+    # torch_npu's fused SwiGLU (npu_swiglu) and its grad: the simulator's SwiGlu / SwiGluGrad
+    swiglu = kernel_spec("SwiGlu", next(r for r in rows if r["Type"] == "SwiGlu"))
+    assert (swiglu.op_type, swiglu.shapes, swiglu.attr("read_bytes")) == ("SwiGlu", ((4096, 6144),), 4096 * 6144 * 2)
 
 
 def test_vector_kernels_are_charged_the_bytes_their_tensors_hold() -> None:
