@@ -204,8 +204,10 @@ def test_every_stage_is_simulated_and_the_slowest_sets_the_step() -> None:
         t = plan[stage][Pass(kind, 0, 0)]
         return t.compute_end_s - t.compute_start_s
 
-    # the first stage carries the embedding, the last the final norm, the LM head and the loss
-    assert pass_s(3, FORWARD) > pass_s(0, FORWARD) > pass_s(1, FORWARD) == pytest.approx(pass_s(2, FORWARD))
+    # the first stage carries the embedding (and its tensor-parallel all-reduce), the last the
+    # final norm, the LM head and the loss: both take longer than the middle stages (at the
+    # measured HCCS link rate of simulator 0.9.0 the two ends are within 0.2% of each other)
+    assert min(pass_s(0, FORWARD), pass_s(3, FORWARD)) > pass_s(1, FORWARD) == pytest.approx(pass_s(2, FORWARD))
     assert pass_s(3, BACKWARD) > pass_s(1, BACKWARD)
     profile = simulator.run(training_step, LLAMA2_7B, devices=32, layout=layout, **run)
     pipeline_end_s = max(op.start_s + op.duration_s for op in profile.ops if op.name.startswith("mb"))
