@@ -144,7 +144,13 @@ def training_step(
     gradient buffer zeroed (``ZerosLike`` of the stage's parameters), and around AdamW the
     gradient-norm clipping (``--clip-grad``: an L2 norm, ``LpNormV2``, costed as a fp32
     ``ReduceSum``, and a ``Mul`` over the card's fp32 gradient shard) and the fp32 master
-    weights cast back to the compute dtype (``Cast`` over the shard).
+    weights cast back to the compute dtype (``Cast`` over the shard). On the last stage the loss
+    runs as Megatron-Core's ``VocabParallelCrossEntropy`` does in eager PyTorch, kernel by kernel
+    over the ``(tokens, vocab / tp)`` logits, in fp32 but for the first read and the last write
+    (not in the LLM profile, which is stage 0; from Megatron-Core's
+    ``megatron/core/tensor_parallel/cross_entropy.py``): ``Cast``, ``ReduceMax``, ``Sub``,
+    ``Exp``, ``ReduceSum``, ``RealDiv``, and backward ``Mul`` and ``Cast``, with three
+    tensor-parallel all-reduces of ``(tokens,)`` fp32.
 
     Raises:
         ValueError: ``framework`` is not one of :data:`FRAMEWORKS`; ``dtype`` is not one of :data:`TRAINING_DTYPES`, ``recompute`` is not one of
@@ -725,8 +731,8 @@ class _Stage:
         op over the ``(tokens, vocab / tp)`` logits: ``logits.float()`` (``Cast`` to a new fp32
         tensor), the row max (``ReduceMax``), ``-= max`` in place (``Sub``), ``exp`` in place
         (``Exp``), the row sum (``ReduceSum``), the softmax ``div_`` in place (``RealDiv``); with
-        tensor parallelism the max, the target's logit and the sum are all-reduced. The per-row work on ``(tokens,)``
-        tensors (the target's logit, the log) is left out. Returns the fp32 softmax, which the
+        tensor parallelism the max, the target's logit and the sum are all-reduced. The per-row
+        work on ``(tokens,)`` tensors (the target's logit, the log) is left out. Returns the fp32 softmax, which the
         backward reads (:meth:`_vocab_parallel_cross_entropy_grad`)."""
         tokens, tp_ranks, tp_reduce = self.tokens, self.tp_ranks, self.tp_reduce
         probs = npu.cast(logits, "fp32", name=f"{tag}loss.float")
