@@ -565,7 +565,7 @@ def check_calibration(hw: HardwareSpec) -> None:
 
     Raises:
         HardwareFileError: an unknown op type; the message names the file (or the spec when it
-            was built in memory), the op type and the known op types.
+            was built in memory), the op type and the closest known one, or else every known one.
     """
     if hw.calibration is None:
         return
@@ -576,9 +576,9 @@ def check_calibration(hw: HardwareSpec) -> None:
     near = difflib.get_close_matches(unknown[0], sorted(COST_MODELS), n=1, cutoff=0.6)
     hint = f" (did you mean {near[0]!r}? op types are case-sensitive)" if near else ""
     more = f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else ""
+    known = "" if near else f"; known op types: {', '.join(sorted(COST_MODELS))}"
     raise HardwareFileError(f"{where}: field calibration.op_time_scale: {unknown[0]!r}{more} is not a simulator op "
-                            f"type{hint}, so its scale would change nothing; known op types: "
-                            f"{', '.join(sorted(COST_MODELS))}")
+                            f"type{hint}, so its scale would change nothing{known}")
 
 
 def op_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:

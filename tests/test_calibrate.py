@@ -362,7 +362,7 @@ def test_a_calibrated_scale_of_an_unknown_op_type_is_refused(tmp_path, capsys) -
     path = tmp_path / "typo-910b.json"
     path.write_text(json.dumps(data), encoding="utf-8")
     expected = (rf"^{re.escape(str(path))}: field calibration.op_time_scale: 'Matmul' is not a simulator op type \(did you mean "
-                r"'MatMul'\?.*known op types: .*'?MatMul'?, ")
+                r"'MatMul'\? op types are case-sensitive\), so its scale would change nothing$")
 
     def mm(npu):
         npu.matmul(npu.tensor((64, 64), "bf16"), npu.tensor((64, 64), "bf16"))
@@ -371,7 +371,13 @@ def test_a_calibrated_scale_of_an_unknown_op_type_is_refused(tmp_path, capsys) -
         simulator.run(mm, hardware=str(path))
     code, _, err = run(["validate", "--profile", str(ALEXNET_L2), "--hardware", str(path)], capsys)
     assert code == 2 and str(path) in err and "'Matmul'" in err and err.count("\n") == 1, err
-    data["calibration"]["op_time_scale"] = {"MatMul": data["calibration"]["op_time_scale"]["Matmul"]}
+    # a name like no op type gets the list of them
+    data["calibration"]["op_time_scale"] = {"Zzz": data["calibration"]["op_time_scale"]["Matmul"]}
+    unlike = tmp_path / "unlike-910b.json"
+    unlike.write_text(json.dumps(data | {"name": "unlike-910b"}), encoding="utf-8")
+    with pytest.raises(HardwareFileError, match=r"'Zzz' is not a simulator op type, .*; known op types: .*'?MatMul'?, "):
+        simulator.run(mm, hardware=str(unlike))
+    data["calibration"]["op_time_scale"] = {"MatMul": data["calibration"]["op_time_scale"]["Zzz"]}
     fixed = tmp_path / "fixed-910b.json"
     fixed.write_text(json.dumps(data | {"name": "fixed-910b"}), encoding="utf-8")
     assert simulator.run(mm, hardware=str(fixed)).hardware == "fixed-910b"
