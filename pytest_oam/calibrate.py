@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
 
-from simulator.profile import DEVICE_WAIT_MIN_GAP_S
+from simulator.profile import DEVICE_WAIT_MIN_GAP_S, any_between
 
 from .files.importers import AscendCsv
 from .kernel_replay import ReplayedKernel, ReplayError, replay_kernels
@@ -50,9 +50,6 @@ from .kernel_replay import ReplayedKernel, ReplayError, replay_kernels
 #: Fewest kernels of an op type for its scale to be fitted (and fewest host gaps for the host
 #: interval): a median of fewer is one or two kernels' noise.
 DEFAULT_MIN_KERNELS = 5
-#: Idle time between two compute kernels above which the device waited (for the host, when no
-#: collective ended in the gap): :data:`simulator.profile.DEVICE_WAIT_MIN_GAP_S`.
-HOST_WAIT_MIN_GAP_S = DEVICE_WAIT_MIN_GAP_S
 #: The Accelerator Core of a kernel that runs the Cube and Vector units together (torch_npu's
 #: FlashAttentionScore and its gradient in the LLM profile).
 MIX_CUBE_CORE = "MIX_AIC"
@@ -88,7 +85,7 @@ def host_intervals_s(read: AscendCsv) -> list[float]:
     the profile's compute stream (its ``Stream ID`` with the most non-HCCL tasks) where
 
     * both are in the same step (a step boundary is the training loop's own host work);
-    * the device sat idle between them, longer than :data:`HOST_WAIT_MIN_GAP_S` (otherwise the
+    * the device sat idle between them, longer than :data:`simulator.profile.DEVICE_WAIT_MIN_GAP_S` (otherwise the
       device, not the host, set the pace);
     * no other device task (another stream's kernel, a DSA task, a collective) started between
       their starts: the host issued nothing else in between, so the interval is one issue;
@@ -113,16 +110,16 @@ def host_intervals_s(read: AscendCsv) -> list[float]:
     stream = counts.most_common(1)[0][0]
     tasks = sorted(zip(ops, streams, strict=True), key=lambda task: task[0].start_s)  # every device task
     on_stream = [i for i, (op, s) in enumerate(tasks) if op.stream != "hccl" and s == stream]
-    collective_ends = [op.start_s + op.duration_s for op in ops if op.stream == "hccl"]
+    collective_ends = sorted(op.start_s + op.duration_s for op in ops if op.stream == "hccl")
     intervals = []
     for i, j in pairwise(on_stream):
         before, after = tasks[i][0], tasks[j][0]
         idle_from, idle_to = before.start_s + before.duration_s, after.start_s
-        if before.step != after.step or idle_to - idle_from <= HOST_WAIT_MIN_GAP_S:
+        if before.step != after.step or idle_to - idle_from <= DEVICE_WAIT_MIN_GAP_S:
             continue
         if j != i + 1:
             continue  # another task started between them: the host issued it in the interval
-        if any(idle_from <= end <= idle_to for end in collective_ends):
+        if any_between(collective_ends, idle_from, idle_to):
             continue
         if str(after.attrs.get("accelerator_core", "")).upper() == MIX_CUBE_CORE:
             continue  # a fused attention call: the host's own interval, launch.attention_host_dispatch_s

@@ -4,21 +4,11 @@ Every function is a pure function of an :class:`OpSpec` (op type, input shapes, 
 attributes) and a :class:`~simulator.hardware.HardwareSpec`; nothing is stored on either.
 Times are seconds, sizes bytes, work FLOP.
 
-The kernel model shared by all AI Core operators:
-
-* work is cut into ``block_dim`` blocks spread over the AI Cores; blocks run in
-  ``ceil(block_dim / cores)`` waves, so an idle last wave costs a whole wave (wave
-  quantisation);
-* inside a block the Cube unit, the Vector unit and the MTE2/MTE3 DMA queues work as a
-  pipeline over ``iterations`` equal iterations (K chunks, K/V blocks, Unified Buffer chunks).
-  Each buffer in flight lets one more unit work at once, so with ``stages`` buffers the
-  steady state runs at ``max(max(parts), sum(parts) / stages)`` and the first iteration
-  (pipeline fill) is not overlapped (see :func:`pipelined_time_s`);
-* HBM traffic is shared by the active cores; data that the blocks of one wave share is read
-  from HBM once per wave and served from L2 to the other blocks, and operands that fit in L2
-  whole are read from HBM once; every DMA transfer pays a fixed start-up cost on its core's
-  queue;
-* each kernel pays the hardware's launch floor.
+The AI Core operators share one kernel model (:mod:`simulator.kernel_model`: blocks in waves
+over the AI Cores, a pipeline of the Cube, Vector and DMA units, HBM and L2 traffic, the launch
+floor); FlashAttention's models are in :mod:`simulator.attention_costs`. Data that the blocks
+of one wave share is read from HBM once per wave and served from L2 to the other blocks, and
+operands that fit in L2 whole are read from HBM once.
 
 The pipe ratios follow msprof's definitions: ``mac_ratio`` (Cube busy share),
 ``vec_ratio`` (Vector busy share), ``mte2_ratio`` (MTE2 busy share), each averaged over the

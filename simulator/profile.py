@@ -21,6 +21,13 @@ _RECORD_CONFIG = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 #: its gaps), and to the picosecond in a simulated profile.
 DEVICE_WAIT_MIN_GAP_S = 1e-6
 
+
+def any_between(sorted_times_s: list[float], start_s: float, end_s: float) -> bool:
+    """Whether a time of ``sorted_times_s`` (ascending) lies in ``[start_s, end_s]``: e.g. a
+    collective ending in an idle gap, so the device may have waited for it rather than the host."""
+    first = bisect.bisect_left(sorted_times_s, start_s)
+    return first < len(sorted_times_s) and sorted_times_s[first] <= end_s
+
 _Record = TypeVar("_Record", bound=BaseModel)
 _set = object.__setattr__
 

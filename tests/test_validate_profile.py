@@ -265,5 +265,5 @@ def test_a_bad_hardware_option_is_one_line(capsys) -> None:
 
     assert main(["validate", "--profile", str(LLM), "--hardware", "./no-such-file.json"]) == 2
     err = capsys.readouterr().err
-    assert err.strip().splitlines() == ["oam validate: error: --hardware './no-such-file.json': "
-                                        "./no-such-file.json: no such hardware file"]
+    assert err.strip().splitlines() == [("oam validate: error: --hardware './no-such-file.json': "
+                                         "./no-such-file.json: no such hardware file")]

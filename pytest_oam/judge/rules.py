@@ -17,7 +17,6 @@ Like the comparison, this module imports neither pytest nor the simulator runtim
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import statistics
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from simulator.hardware import HardwareSpec
-from simulator.profile import DEVICE_WAIT_MIN_GAP_S, OpRecord, Profile
+from simulator.profile import DEVICE_WAIT_MIN_GAP_S, OpRecord, Profile, any_between
 from simulator.units import FP16_MAX
 
 from ..format import fmt_bytes_in, fmt_frac, fmt_gb_per_s, fmt_ms, fmt_percent, fmt_us
@@ -111,8 +110,7 @@ class RuleContext:
                 if (after.start_s - idle_from <= DEVICE_WAIT_MIN_GAP_S or "wait_hccl_op" in after.attrs
                         or after.attrs.get("host_synced")):
                     continue
-                first_end = bisect.bisect_left(collective_ends, idle_from)
-                if first_end < len(collective_ends) and collective_ends[first_end] <= after.start_s:
+                if any_between(collective_ends, idle_from, after.start_s):
                     continue  # the device may have waited for that collective
                 gated.add(id(before))
         return frozenset(gated)
