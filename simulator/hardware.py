@@ -445,7 +445,8 @@ def load_hardware_file(path: str | os.PathLike) -> HardwareSpec:
         else:
             with open(where, encoding="utf-8") as handle:
                 data = json.load(handle)
-            spec = HardwareSpec.model_validate(data)
+            # strict: a number written as a string ("1.2") or a flag as 0/1 is a mistake, not a value
+            spec = HardwareSpec.model_validate(data, strict=True)
             _FILE_CACHE[key] = spec
     except FileNotFoundError:
         raise HardwareFileError(f"{where}: no such hardware file") from None

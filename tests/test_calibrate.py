@@ -189,6 +189,21 @@ def test_bad_hardware_files_get_one_line_naming_file_and_field(tmp_path, capsys,
     assert f"{path}: " in err and message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_a_number_written_as_a_string_is_refused_naming_its_field(llm_calibrated, tmp_path) -> None:
+    """A hand-edited scale of "1.2" (a string) was read as 1.2 by pydantic's lax mode: a file that
+    says what it does not mean must not load."""
+    data = json.loads(llm_calibrated[0].read_text(encoding="utf-8"))
+    data["name"] = "my-edited-910b"
+    data["calibration"]["op_time_scale"]["MatMul"]["time_scale"] = "1.2"
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(HardwareFileError, match=f"^{path}: field calibration.op_time_scale.MatMul.time_scale: "):
+        load_hardware(str(path))
+    data["calibration"]["op_time_scale"]["MatMul"]["time_scale"] = 1.2
+    path.write_text(json.dumps(data), encoding="utf-8")
+    assert load_hardware(str(path)).calibration.op_time_scale["MatMul"].time_scale == 1.2
+
+
 def test_a_file_with_a_bundled_name_is_refused(tmp_path) -> None:
     path = tmp_path / "copy.json"
     path.write_text(json.dumps(load_hardware("ascend910b").model_dump(mode="json")), encoding="utf-8")
