@@ -61,6 +61,7 @@ from .files.importers import AscendCsv, ImportError_, read_ascend_csv
 from .files.kernel_names import bytes_read, simulator_dtype, simulator_op_type, why_no_op_type
 from .files.realfile import Shape
 from .files.realfile import parse_shapes as _parse_shapes
+from .kernel_pipes import PipeTimes, pipe_times, pipes_text
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 #: Default ``--max-error``: the bound issue 23 sets for per-kernel fidelity.
@@ -131,28 +132,6 @@ class ProfileHardware(BaseModel):
     matches: bool = Field(description="The spec has the core counts the kernels used (and the clock, when known)")
 
 
-class PipeTimes(BaseModel):
-    """Busy time of each unit of one op type's kernels, measured (msprof's PipeUtilization columns of
-    kernel_details.csv) and simulated, per core and summed over the kernels (:func:`pipe_times`).
-
-    A Cube kernel (``AI_CORE``) has Cube and DMA times, a Vector kernel (``AI_VECTOR_CORE``, or
-    ``MIX_AIV`` that the simulator runs as a Vector kernel) Vector and DMA times; Cube-led mixed
-    kernels (``MIX_AIC``: FlashAttention) are not compared.
-    """
-
-    model_config = _STRICT
-    kernels: int = Field(description="Kernels compared (single-unit kernels with the pipe columns)")
-    cube_measured_s: float = Field(description="aic_mac_time: the Cube unit's busy time")
-    cube_simulated_s: float
-    vector_measured_s: float = Field(description="aiv_vec_time: the Vector unit's busy time")
-    vector_simulated_s: float
-    mte2_measured_s: float = Field(description="aic_mte2_time / aiv_mte2_time: the MTE2 queue (reads into the core)")
-    write_measured_s: float = Field(description="aiv_mte3_time (Vector) / aic_fixpipe_time (Cube): the queue "
-                                    "that writes results out")
-    dma_simulated_s: float = Field(description="The simulator's DMA time: one queue for reads and writes, at the "
-                                   "shared HBM (or L2) bandwidth, with the start-up cost of each transfer")
-
-
 class ReplayReport(BaseModel):
     """``oam validate --profile``'s result; its JSON keys are fixed (issue 23)."""
 
@@ -169,7 +148,9 @@ class ReplayReport(BaseModel):
     unmapped: list[UnmappedKernels]
     hardware_check: ProfileHardware
     pipes: dict[str, PipeTimes] = Field(default_factory=dict, description="Op type -> its units' busy time, "
-                                        "measured and simulated; empty when the profile has no pipe columns")
+                                        "measured and simulated (a key 'op type (Cube)' where an op type ran on both)")
+    pipes_left_out: dict[str, int] = Field(default_factory=dict, description="Why replayed kernels are not in "
+                                           "pipes -> how many")
 
 
 # -- the file --------------------------------------------------------------------------------------
@@ -626,6 +607,7 @@ def replay_profile(path: str | Path, hardware: str | None = None,
     """
     replayed = replay_kernels(path, hardware)
     check, rows = replayed.check, replayed.read.rows
+    pipes, left_out = pipe_times(replayed.kernels, rows, check.spec)
     errors: dict[str, list[tuple[float, float, float]]] = defaultdict(list)  # op type -> (measured, simulated, error)
     for k in replayed.kernels:
         errors[k.op_type].append((k.measured_s, k.simulated_s, k.error_frac))
@@ -647,83 +629,7 @@ def replay_profile(path: str | Path, hardware: str | None = None,
                         kernels_in_profile=len(rows),
                         median_abs_error_frac=median, p90_abs_error_frac=_p90(every) if every else None,
                         max_error_frac=max_error_frac, passed=median is not None and median <= max_error_frac,
-                        by_op_type=by_type, unmapped=unmapped, hardware_check=check, pipes=pipe_times(replayed))
-
-
-#: msprof's per-core busy-time columns (us) of kernel_details.csv (aic_metrics PipeUtilization, the
-#: default), per accelerator core: (unit, DMA in, DMA out).
-PIPE_COLUMNS = {"AI_CORE": ("aic_mac_time(us)", "aic_mte2_time(us)", "aic_fixpipe_time(us)"),
-                "AI_VECTOR_CORE": ("aiv_vec_time(us)", "aiv_mte2_time(us)", "aiv_mte3_time(us)")}
-#: A Vector kernel with a little Cube work (RmsNormGrad): its Vector cores' columns, where the
-#: simulator runs it as a Vector kernel.
-PIPE_COLUMNS["MIX_AIV"] = PIPE_COLUMNS["AI_VECTOR_CORE"]
-
-
-def pipe_times(replayed: ReplayedKernels) -> dict[str, PipeTimes]:
-    """Per op type, the busy time of the Cube or Vector unit and of the DMA queues of its single-unit
-    kernels, measured (msprof's columns, :data:`PIPE_COLUMNS`: per-core averages over the cores a
-    kernel used) beside the simulator's (its pipe shares of the simulated duration, per core used).
-    Shows which unit's model is off where a kernel's duration is. Kernels whose row lacks the
-    columns, ``MIX_AIC`` kernels, and kernels the simulator runs on the other kind of core are left
-    out.
-    """
-    from simulator.hardware import load_hardware
-
-    hw = load_hardware(replayed.check.spec)
-    sums: dict[str, list[float]] = defaultdict(lambda: [0.0] * 8)
-    rows = replayed.read.rows
-    for k in replayed.kernels:
-        row, cost = rows[k.index], k.cost
-        core = (row.get("Accelerator Core") or "").strip().upper()
-        if cost is None or core not in PIPE_COLUMNS or cost.block_dim < 1:
-            continue
-        cube = cost.mac_ratio > 0
-        if cube != (core == "AI_CORE"):
-            continue  # the simulator runs it on the other kind of core: no like-for-like pipes
-        measured = [_float(row.get(c)) for c in PIPE_COLUMNS[core]]
-        if None in measured:
-            continue
-        cores = hw.ai_core.count if cube else hw.ai_core.vector_core_count
-        per_core_s = cost.duration_s * cores / min(cost.block_dim, cores)  # a share of all cores -> of those used
-        unit_s = (cost.mac_ratio if cube else cost.vec_ratio) * per_core_s
-        acc = sums[k.op_type]
-        acc[0] += 1
-        slot = 1 if cube else 3
-        acc[slot] += measured[0] * 1e-6
-        acc[slot + 1] += unit_s
-        acc[5] += measured[1] * 1e-6
-        acc[6] += measured[2] * 1e-6
-        acc[7] += cost.mte2_ratio * per_core_s
-    return {op: PipeTimes(kernels=int(a[0]), cube_measured_s=a[1], cube_simulated_s=a[2], vector_measured_s=a[3],
-                          vector_simulated_s=a[4], mte2_measured_s=a[5], write_measured_s=a[6], dma_simulated_s=a[7])
-            for op, a in sorted(sums.items())}
-
-
-def pipes_text(report: ReplayReport, fmt: str = "simple") -> str:
-    """The per-unit table of :attr:`ReplayReport.pipes` (``oam validate --profile --pipes``)."""
-    from tabulate import tabulate
-
-    from .format import fmt_time, table_cell
-
-    if not report.pipes:
-        return ("pipes: the profile records no per-unit busy times (msprof's PipeUtilization columns such as "
-                "aiv_vec_time(us))")
-
-    def pair(measured: float, simulated: float) -> tuple[str, str]:
-        if measured == 0 and simulated == 0:
-            return "-", "-"
-        return fmt_time(measured), fmt_time(simulated)
-
-    rows = [(table_cell(op, fmt), p.kernels, *pair(p.cube_measured_s, p.cube_simulated_s),
-             *pair(p.vector_measured_s, p.vector_simulated_s), fmt_time(p.mte2_measured_s),
-             fmt_time(p.write_measured_s), fmt_time(p.dma_simulated_s))
-            for op, p in report.pipes.items()]
-    headers = [table_cell(h, fmt) for h in ("op type", "kernels", "Cube measured", "Cube simulated", "Vector measured",
-                                            "Vector simulated", "MTE2 measured", "MTE3/FixPipe measured",
-                                            "DMA simulated")]
-    return ("busy time per unit, per core, summed over each op type's single-unit kernels (msprof's pipe columns; "
-            "the simulator's DMA is one queue for reads and writes)\n"
-            + tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True))
+                        by_op_type=by_type, unmapped=unmapped, hardware_check=check, pipes=pipes, pipes_left_out=left_out)
 
 
 # -- the command -----------------------------------------------------------------------------------
@@ -846,7 +752,7 @@ def main(argv: list[str]) -> int:
         fmt = "github" if args.format == "markdown" else "simple"
         print(terminal_safe(report_text(report, fmt), keep_newlines=True))
         if args.pipes:
-            print("\n" + terminal_safe(pipes_text(report, fmt), keep_newlines=True))
+            print("\n" + terminal_safe(pipes_text(report.pipes, report.pipes_left_out, fmt), keep_newlines=True))
         if composition is not None:
             from pytest_oam.step_composition import composition_text
 

@@ -270,52 +270,58 @@ def test_a_bad_hardware_option_is_one_line(capsys) -> None:
 
 
 def test_pipes_compare_each_units_busy_time_with_msprofs_columns(tmp_path) -> None:
-    """``--pipes``: one Vector kernel (Add over 40 blocks) and one MatMul measured with msprof's
-    pipe columns; the table puts the columns' sums beside the simulator's pipe shares."""
+    """``--pipes``: one Vector kernel (Add over 48 blocks) and one MatMul measured with msprof's
+    pipe columns; the table puts the columns' sums beside the simulator's pipe shares, and says
+    which kernels it leaves out and why."""
     hw = load_hardware("ascend910b")
     header = HEADER.rstrip("\n") + (",aic_mac_time(us),aic_mte2_time(us),aic_fixpipe_time(us),aiv_vec_time(us),"
                                     "aiv_mte2_time(us),aiv_mte3_time(us)\n")
+    add = ('1,aclnnAdd_AddAiCore_Add,Add,AI_VECTOR_CORE,100.0\t,40.0,48,0,"4096,1024;4096,1024",'
+           'DT_BF16;DT_BF16,"4096,1024",DT_BF16,0,0,0,{vec},30.0,9.0\n')
     path = tmp_path / "kernel_details.csv"
-    path.write_text(header
-                    + '1,aclnnAdd_AddAiCore_Add,Add,AI_VECTOR_CORE,100.0\t,40.0,48,0,"4096,1024;4096,1024",'
-                      'DT_BF16;DT_BF16,"4096,1024",DT_BF16,0,0,0,7.5,30.0,9.0\n'
+    path.write_text(header + add.format(vec="7.5")
                     + '1,aclnnMm_MatMulCommon_MatMulV2,MatMulV2,AI_CORE,200.0\t,90.0,24,0,"4096,1024;1024,4096",'
                       'DT_BF16;DT_BF16,"4096,4096",DT_BF16,60.0,70.0,20.0,0,0,0\n'
-                    # FlashAttention's MIX_AIC kernel has both units' columns: not compared like for like
-                    + '1,aclnnFlashAttentionScore_x,FlashAttentionScore,MIX_AIC,300.0\t,900.0,24,48,'
-                      '"4096,1,2048;4096,1,2048;4096,1,2048",DT_BF16;DT_BF16;DT_BF16,"4096,1,2048",DT_BF16,'
-                      '1,1,1,1,1,1\n', encoding="utf-8")
+                    # values no unit can have: left out, counted
+                    + add.format(vec="abc") + add.format(vec="-1") + add.format(vec="inf") + add.format(vec="400"),
+                    encoding="utf-8")
     report = replay_profile(path, "ascend910b")
-    assert set(report.pipes) == {"Add", "MatMul"}  # the MIX_AIC kernel is left out
-    add, mm = report.pipes["Add"], report.pipes["MatMul"]
-    assert (add.vector_measured_s, add.mte2_measured_s, add.write_measured_s) == pytest.approx((7.5e-6, 30e-6, 9e-6))
-    assert add.cube_measured_s == add.cube_simulated_s == 0.0
+    assert set(report.pipes) == {"Add", "MatMul"}
+    assert report.pipes_left_out == {"a pipe time that is not a number >= 0": 3, "a pipe time longer than the kernel": 1}
+    add_pipes, mm = report.pipes["Add"], report.pipes["MatMul"]
+    assert add_pipes.unit == "Vector" and add_pipes.kernels == 1
+    assert (add_pipes.unit_measured_s, add_pipes.mte2_measured_s, add_pipes.write_measured_s) == pytest.approx(
+        (7.5e-6, 30e-6, 9e-6))
     # the Add fills all 48 Vector cores of the 910B2, so its per-core shares are shares of its time
     add_cost = op_cost(kernel_spec("Add", {"Type": "Add", "Input Shapes": '"4096,1024;4096,1024"',
                                            "Input Data Types": "DT_BF16;DT_BF16", "Output Shapes": '"4096,1024"',
                                            "Output Data Types": "DT_BF16"}), hw)
     assert add_cost.block_dim == hw.ai_core.vector_core_count
-    assert add.vector_simulated_s == pytest.approx(add_cost.vec_ratio * add_cost.duration_s)
-    assert add.dma_simulated_s == pytest.approx(add_cost.mte2_ratio * add_cost.duration_s)
-    assert (mm.cube_measured_s, mm.mte2_measured_s, mm.write_measured_s) == pytest.approx((60e-6, 70e-6, 20e-6))
-    assert mm.vector_measured_s == 0.0 and 0 < mm.cube_simulated_s < report.by_op_type["MatMul"].simulated_s
+    assert add_pipes.unit_simulated_s == pytest.approx(add_cost.vec_ratio * add_cost.duration_s)
+    assert add_pipes.dma_simulated_s == pytest.approx(add_cost.mte2_ratio * add_cost.duration_s)
+    assert mm.unit == "Cube"
+    assert (mm.unit_measured_s, mm.mte2_measured_s, mm.write_measured_s) == pytest.approx((60e-6, 70e-6, 20e-6))
+    assert 0 < mm.unit_simulated_s < report.by_op_type["MatMul"].simulated_s
 
 
 def test_pipes_on_the_real_profile_and_without_pipe_columns(replayed, tmp_path, capsys) -> None:
     # the JSON always carries them; RmsNorm's Vector time is msprof's column summed over its 112 kernels
     pipes = replayed[1]["pipes"]
     rms_vec_s = sum(float(r["aiv_vec_time(us)"]) for r in llm_rows() if r["Type"] == "RmsNorm") * 1e-6
-    assert pipes["RmsNorm"]["kernels"] == 112
-    assert pipes["RmsNorm"]["vector_measured_s"] == pytest.approx(rms_vec_s, rel=1e-9)
+    assert pipes["RmsNorm"]["kernels"] == 112 and pipes["RmsNorm"]["unit"] == "Vector"
+    assert pipes["RmsNorm"]["unit_measured_s"] == pytest.approx(rms_vec_s, rel=1e-9)
     assert "FlashAttention" not in pipes and "RmsNormGrad" in pipes  # MIX_AIC out; MIX_AIV as a Vector kernel
+    assert replayed[1]["pipes_left_out"] == {"MIX_AIC (fused Cube and Vector): their cores are not one to one": 56}
     assert main(["validate", "--profile", str(LLM), "--pipes"]) == 1
     out = capsys.readouterr().out
-    assert "busy time per unit" in out and "Vector simulated" in out
-    # a file without msprof's pipe columns: said in one line, an empty mapping in the JSON
+    assert "busy time per unit" in out and "simulated / measured" in out and "not in the table: 56 kernels" in out
+    # a file without msprof's pipe columns: said, and every kernel counted as left out
     path = tmp_path / "kernel_details.csv"
     path.write_text(HEADER + '1,aclnnAdd_AddAiCore_Add,Add,AI_VECTOR_CORE,100.0\t,40.0,48,0,"4096,1024;4096,1024",'
                     'DT_BF16;DT_BF16,"4096,1024",DT_BF16\n', encoding="utf-8")
     main(["validate", "--profile", str(path), "--pipes", "--hardware", "ascend910b"])
-    assert "records no per-unit busy times" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "no kernel has msprof's per-unit busy times" in out and "1 kernels: no aiv_vec_time(us) column" in out
     main(["validate", "--profile", str(path), "--format", "json", "--hardware", "ascend910b"])
-    assert json.loads(capsys.readouterr().out)["pipes"] == {}
+    data = json.loads(capsys.readouterr().out)
+    assert data["pipes"] == {} and data["pipes_left_out"] == {"no aiv_vec_time(us) column": 1}
