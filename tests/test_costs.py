@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from simulator.costs import VECTOR_PROFILES, OpSpec, conv_output_hw, op_cost
@@ -133,16 +133,23 @@ def test_flash_attention_longer_sequence_never_faster(hw_name, h, s, extra, caus
 
 @settings(max_examples=50, deadline=None)
 @given(st.sampled_from(HARDWARE), st.integers(1, 32), seq)
+@example("ascend910b4", 1, 129)  # found by a random run: one head, a 128-row block and one row more
 def test_unfused_attention_moves_more_bytes(hw_name, h, s) -> None:
     # The fused kernel pays the larger launch floor of a Cube+Vector (MIX) kernel, so for tiny
-    # sequences three plain kernels can start sooner; past the launch floors, unfused is slower.
+    # sequences three plain kernels can start sooner; past the launch floors, unfused is slower
+    # once the Q blocks fill the AI Cores. With fewer (one head of S = 129-140 on the 20-core
+    # 910B4: 2 blocks) the fused kernel's idle cores and its Cube-to-Vector hand-off make the two
+    # within 1% of each other, and neither is reliably faster.
     hw = load_hardware(hw_name)
     fused = op_cost(fa(1, h, s, 128), hw)
     unfused = op_cost(fa(1, h, s, 128, fusion=False), hw)
     assert unfused.hbm_bytes > fused.hbm_bytes
     fused_busy_s = fused.duration_s - hw.launch.mix_kernel_launch_latency_s
     unfused_busy_s = unfused.duration_s - 3 * hw.launch.kernel_launch_latency_s
-    assert unfused_busy_s > fused_busy_s
+    if h * -(-s // 128) >= hw.ai_core.count:
+        assert unfused_busy_s > fused_busy_s
+    else:
+        assert unfused_busy_s > 0.99 * fused_busy_s
 
 
 VECTOR_OPS = sorted(VECTOR_PROFILES)
