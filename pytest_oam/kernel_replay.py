@@ -26,7 +26,8 @@ the simulator's own defaults):
   :func:`simulator.costs.vector_cost`: every input tensor read once, every output written once;
   as the kernel table's ``reads`` says, a slice reads only what it writes and a ``ZerosLike``
   reads no input's data), with the operator's instruction mix over its largest tensor (every
-  element of the list of a multi-tensor ``Foreach*`` kernel), in that tensor's dtype; else the larger
+  element of the list of a multi-tensor ``Foreach*`` kernel), in that tensor's dtype (with mixed dtypes,
+  the elements not in fp32, ``cast_elements``, which an ``Add`` casts); else the larger
   of the first input and the first output, in the first input's dtype, with the operator's own
   multiples of it. ``TensorMove``: a ``Memcpy`` of its input's bytes; ``GatherV2`` of a 2-D
   table: an ``Embedding``; ``EmbeddingDenseGradV2``: an ``EmbeddingDenseGrad`` into its output
@@ -56,6 +57,7 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulator.costs import OpCost, OpSpec
+from simulator.vector_profiles import VECTOR_PROFILES
 
 from .files.importers import AscendCsv, ImportError_, read_ascend_csv
 from .files.kernel_names import bytes_read, simulator_dtype, simulator_op_type, why_no_op_type
@@ -336,8 +338,13 @@ def _vector_spec(op_type: str, row: _Row) -> OpSpec:
     main, dtype_name = max(tensors, key=lambda t: _numel(t[0]))
     if op_type.startswith(FOREACH_PREFIX):  # a multi-tensor kernel: every element of its list
         main = (sum(_numel(s) for s in row.outputs),)
-    return OpSpec(op_type, (main,), simulator_dtype(dtype_name),
-                  (("read_bytes", read_bytes), ("write_bytes", write_bytes)))
+    attrs = (("read_bytes", read_bytes), ("write_bytes", write_bytes))
+    profile = VECTOR_PROFILES.get(op_type)
+    if profile is not None and profile.casts_to_fp32 and len({simulator_dtype(d) for _, d in tensors}) > 1:
+        # mixed dtypes (fp32 + bf16 -> fp32): the elements the kernel casts, those not in fp32
+        cast = sum(_numel(s) for s, d in tensors if simulator_dtype(d) != "fp32")
+        attrs = (("cast_elements", cast / max(1, _numel(main))),) + attrs
+    return OpSpec(op_type, (main,), simulator_dtype(dtype_name), attrs)
 
 
 def _memcpy_spec(op_type: str, row: _Row) -> OpSpec:

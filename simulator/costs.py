@@ -205,6 +205,12 @@ def vector_cost(spec: OpSpec, hw: HardwareSpec) -> OpCost:
     reduction) those are its HBM traffic instead of the profile's multiples of the main
     input, and the profile gives only the instruction mix per element of ``spec.shapes[0]``.
 
+    A profile with ``casts_to_fp32`` (a TBE kernel that casts bf16, or inputs of two dtypes, to
+    fp32) computes in fp32 and adds one ``cast`` per element of each tensor not in fp32:
+    attribute ``cast_elements`` (the elements of those inputs and outputs, per element of
+    ``spec.shapes[0]``: 1 for fp32 + bf16 -> fp32) or, without it, every tensor when
+    ``spec.dtype`` is bf16 and none otherwise.
+
     Raises:
         ValueError: ``read_bytes`` / ``write_bytes`` given without the other, or negative.
     """
@@ -229,14 +235,29 @@ def _explicit_bytes_cost(prof: VectorProfile, spec: OpSpec, hw: HardwareSpec) ->
     elements = numel(spec.shapes[0])
     read_bytes, write_bytes = spec.attr("read_bytes"), spec.attr("write_bytes")
     if read_bytes is None and write_bytes is None:
-        return _vector_kernel_cost(prof, elements, spec.dtype, hw)
+        return _vector_kernel_cost(_fp32_casts(prof, spec), elements, spec.dtype, hw)
     if (not isinstance(read_bytes, int) or not isinstance(write_bytes, int) or read_bytes < 0 or write_bytes < 0
             or read_bytes + write_bytes == 0):
         raise ValueError(f"{spec.op_type}: read_bytes and write_bytes must be integers >= 0, not both 0, "
                          f"got {read_bytes!r} and {write_bytes!r}")
     per_element = DTYPE_BYTES[spec.dtype] * max(1, elements)
-    explicit = VectorProfile(read_bytes / per_element, write_bytes / per_element, prof.op_classes, prof.compute_dtype)
-    return _vector_kernel_cost(explicit, max(1, elements), spec.dtype, hw)
+    explicit = replace(prof, read_elements=read_bytes / per_element, write_elements=write_bytes / per_element)
+    return _vector_kernel_cost(_fp32_casts(explicit, spec), max(1, elements), spec.dtype, hw)
+
+
+def _fp32_casts(prof: VectorProfile, spec: OpSpec) -> VectorProfile:
+    """``prof`` with the casts of a ``casts_to_fp32`` kernel (see :func:`vector_cost`)."""
+    if not prof.casts_to_fp32:
+        return prof
+    casts = spec.attr("cast_elements")
+    if casts is None:
+        casts = prof.read_elements + prof.write_elements if spec.dtype == "bf16" else 0.0
+    if isinstance(casts, bool) or not isinstance(casts, (int, float)) or not casts >= 0:
+        raise ValueError(f"{spec.op_type}: cast_elements must be a number >= 0, got {casts!r}")
+    if not casts:
+        return prof
+    classes = {**prof.op_classes, "cast": prof.op_classes.get("cast", 0.0) + casts}
+    return replace(prof, op_classes=classes, compute_dtype="fp32", casts_to_fp32=False)
 
 
 def _vector_kernel_cost(prof: VectorProfile, elements: int, dtype: str, hw: HardwareSpec) -> OpCost:

@@ -18,19 +18,31 @@ class VectorProfile:
 
     ``read_elements`` / ``write_elements`` are multiples of the first input's element count;
     ``op_classes`` counts instruction classes per element; ``compute_dtype`` is the dtype the
-    Vector unit computes in.
+    Vector unit computes in. ``casts_to_fp32``: the kernel computes bf16, or tensors of two
+    dtypes, in fp32, with one ``cast`` per element of each tensor it reads or writes in another
+    dtype (CANN's TBE kernels: see :func:`simulator.costs.vector_cost`).
     """
 
     read_elements: float
     write_elements: float
     op_classes: dict[str, float]
     compute_dtype: str | None = None
+    casts_to_fp32: bool = False
 
 
 #: Per-op instruction mixes. Counts of instruction classes per element, from the operators'
 #: arithmetic (e.g. RmsNorm: square, reduce, scale by rsqrt, multiply by weight).
 VECTOR_PROFILES: dict[str, VectorProfile] = {
-    "Add": VectorProfile(2, 1, {"add": 1}),
+    # Add as CANN's TBE kernel computes it on the 910B (add_compute of
+    # opp/built-in/op_impl/ai_core/tbe/impl/dynamic/add.py in leideng/CANN-8.1.RC1, commit
+    # 4332a0134a96cfea4a4f6673690a81075c1e4dfb): a bf16 input, or inputs of two dtypes (fp32 +
+    # bf16 -> fp32, the main-gradient add, which aclnnAdd passes to this kernel as they are:
+    # l0op::Add of hicann/ops-math math/add/op_api/add.cpp, commit
+    # 7a5e6d620417a5c4064852ffc13473cb9d3e53fd), is cast to fp32 (tbe.cast_to, a no-op on an
+    # fp32 tensor: tbe/dsl/compute/cast.py of the same CANN), one vadd in fp32, and a bf16
+    # output rounded back (tbe.round): per element one add and a cast per tensor not in fp32,
+    # 3 for bf16 + bf16 -> bf16, 1 for fp32 + bf16 -> fp32; fp16 + fp16 adds in fp16
+    "Add": VectorProfile(2, 1, {"add": 1}, casts_to_fp32=True),
     "Mul": VectorProfile(2, 1, {"mul": 1}),
     "Cast": VectorProfile(1, 1, {"cast": 1}),
     "SiLU": VectorProfile(1, 1, {"exp": 1, "add": 1, "div": 1, "mul": 1}, "fp32"),
@@ -44,7 +56,22 @@ VECTOR_PROFILES: dict[str, VectorProfile] = {
     "GeLUGrad": VectorProfile(2, 1, {"exp": 1, "add": 3, "div": 1, "mul": 6}, "fp32"),
     "Softmax": VectorProfile(1, 1, {"max": 1, "add": 1, "exp": 1, "reduce": 1, "div": 1}, "fp32"),
     "SoftmaxGrad": VectorProfile(2, 1, {"mul": 2, "reduce": 1, "add": 1}, "fp32"),
-    "RmsNorm": VectorProfile(1, 1, {"mul": 3, "reduce": 1}, "fp32"),
+    # RmsNorm as CANN's Ascend C kernel runs bf16 rows of up to 2000 elements on the 910B
+    # (Tiling4RmsNorm of hicann/ops-nn norm/rms_norm/op_host/rms_norm_tiling.cpp, commit
+    # 0919397b1f0a69cf96ec41746175ed5247db63ee, picks MODE_MERGE_N for numColAlign <= 2000 on
+    # the 910B: KernelRmsNormMergeN::Compute of norm/rms_norm/op_kernel/rms_norm_merge_n.h,
+    # commit 26bb0755db767817742d34050935ee260d05b7f5, several rows a pass, no per-row scalar
+    # work), per element: Cast x to fp32, Mul x * x, ReduceSumMultiN's Adds of 64-element
+    # slices into a (rows, 64) buffer (reduce_common.h, commit
+    # c10cbc20e10dfc688178d501a0870f338aa01c2a of Hayden727/cann-ops, one add), BroadCast of
+    # rstd over the row (Brcb, then Copy: a one-cycle move, counted as cast), Mul by it, Mul
+    # by gamma (cast to fp32 and broadcast once per kernel), Cast y back (CAST_RINT): 3 cast,
+    # 3 mul, 1 add. Per row of D elements a 64-element Duplicate and one RepeatReduceSum (64/D
+    # per element: 0.06 each at D = 1024, 0.5 at the q/k norm's D = 128, 1.5 cycles per
+    # element more there) and the rstd arithmetic on one value per row are not separated
+    # here, as for RmsNormGrad. CANN 8.1.RC1's copy of the kernel (leideng/CANN-8.1.RC1, commit
+    # 4332a0134a96cfea4a4f6673690a81075c1e4dfb) casts gamma per pass: one cast more
+    "RmsNorm": VectorProfile(1, 1, {"cast": 3, "mul": 3, "add": 1}, "fp32"),
     # RmsNormGrad as CANN's Ascend C kernel runs it for bf16 on the 910B (split-N template,
     # rows of D >= SMALLD_THRESHOLD = 640 elements: ComputeMainBf16 of
     # Hayden727/cann-ops src/norm/rms_norm_grad/op_kernel/rms_norm_grad_split_n.h, commit
@@ -58,7 +85,20 @@ VECTOR_PROFILES: dict[str, VectorProfile] = {
     "RmsNormGrad": VectorProfile(2, 1, {"cast": 12, "mul": 6, "add": 2, "reduce": 1}, "fp32"),
     "LayerNorm": VectorProfile(1, 1, {"add": 3, "mul": 3, "reduce": 2}, "fp32"),
     "LayerNormGrad": VectorProfile(2, 1, {"add": 4, "mul": 7, "reduce": 3}, "fp32"),
-    "RotaryPositionEmbedding": VectorProfile(1, 1, {"mul": 2, "add": 1}, "fp32"),
+    # RotaryPositionEmbedding (rotate-half, torch_npu's npu_rotary_mul) as CANN's Ascend C
+    # kernel runs bf16 on the 910B: RotateHalfBf16<bfloat16_t, float>::Compute and
+    # RotateHalfBase::XNewCopy / ComputeInner (opp/built-in/op_impl/ai_core/tbe/impl/ascendc/
+    # rotary_position_embedding/rotate_half_bf16.h and rotate_half_base.h in
+    # leideng/CANN-8.1.RC1, commit 4332a0134a96cfea4a4f6673690a81075c1e4dfb), per element of
+    # x: Cast x to fp32, the rotate-half as two UB-to-UB DataCopy of half a row each
+    # (copy_ubuf_to_ubuf runs on PIPE_V, CANN's intrinsic reference cceapi_0070; a one-cycle
+    # move, counted as cast), Mul x * cos, Mul x' * sin, Add, Cast y back (CAST_RINT): 3 cast,
+    # 2 mul, 1 add. Cos and sin are cast to fp32 and sin's first half negated (Muls) once per
+    # row of positions, shared by the B x N heads of the SBND layout (RotateHalfTiling::
+    # ChooseTilingMode of posembedding/rotary_position_embedding/op_host/rope_rotate_half_tiling.cpp,
+    # recursion-ascend/ops-transformer, commit a093e954a5a431b19fccf2cd92ef742c0500527c, a
+    # copy of hicann/ops-transformer): 2.5 / (B N) per element, not separated here
+    "RotaryPositionEmbedding": VectorProfile(1, 1, {"cast": 3, "mul": 2, "add": 1}, "fp32"),
     # Cross entropy over logits: softmax then pick the label; grad rewrites the logits.
     "CrossEntropy": VectorProfile(1, 0, {"max": 1, "add": 1, "exp": 1, "reduce": 2}, "fp32"),
     "CrossEntropyGrad": VectorProfile(1, 1, {"exp": 1, "div": 1, "add": 1}, "fp32"),

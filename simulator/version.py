@@ -5,5 +5,5 @@
 produces, so that baselines made by another version are recognised as such.
 """
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"
 SIMULATOR_VERSION = __version__

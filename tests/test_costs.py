@@ -204,6 +204,47 @@ def test_explicit_bytes_more_traffic_never_less_time(hw_name, op, n, read_bytes,
     assert more.duration_s >= base.duration_s - base.overlappable_s
 
 
+def _vector_cycles_per_element(spec: OpSpec, hw, compute_dtype: str) -> float:
+    """The Vector unit's cycles per element of a Vector kernel spread evenly over every core: its
+    busy time per block (``vec_ratio`` is a share of all cores' time) at the unit's rate."""
+    cost = op_cost(spec, hw)
+    cores = hw.ai_core.vector_core_count
+    assert cost.block_dim == cores
+    per_block_s = cost.vec_ratio * cores * cost.duration_s / cost.block_dim
+    rate = hw.vector_ops_per_cycle(compute_dtype) * hw.ai_core.clock_hz * hw.vector_unit.efficiency_frac
+    return per_block_s * rate / (math.prod(spec.shapes[0]) / cores)
+
+
+def test_vector_mixes_count_the_instructions_of_canns_kernels() -> None:
+    """RmsNorm, RotaryPositionEmbedding and Add as CANN's kernels run them on the 910B (the
+    derivations are beside the mixes in simulator/vector_profiles.py), in one-cycle instructions
+    per element of the dtype they compute in: RmsNorm on bf16 casts x, squares it (mul), folds the
+    row sum (add), broadcasts rstd (a move, counted as cast), multiplies by it and by gamma and
+    casts back: 3 cast + 3 mul + 1 add = 7 in fp32 (it was 3 mul + 1 two-cycle reduce = 5).
+    RotaryPositionEmbedding: cast, rotate-half copy, 2 mul, add, cast = 6 in fp32 (was 3). Add on
+    bf16 casts both inputs and the output around one fp32 add: 4 in fp32 (was 1 in bf16); fp32 +
+    bf16 -> fp32 (the replay's cast_elements = 1): 2 in fp32; fp32 and fp16 adds add natively."""
+    hw = load_hardware("ascend910b4")
+    n = hw.ai_core.vector_core_count * 64 * 1024  # whole 32-byte blocks on every core
+    shape = ((n // 1024, 1024),)
+    cases = [
+        (OpSpec("RmsNorm", shape, "bf16"), "fp32", 7.0),
+        (OpSpec("RotaryPositionEmbedding", shape, "bf16"), "fp32", 6.0),
+        (OpSpec("Add", shape, "bf16"), "fp32", 4.0),
+        (OpSpec("Add", shape, "fp32", (("cast_elements", 1.0), ("read_bytes", 6 * n), ("write_bytes", 4 * n))),
+         "fp32", 2.0),
+        (OpSpec("Add", shape, "fp32"), "fp32", 1.0),
+        (OpSpec("Add", shape, "fp16"), "fp16", 1.0),
+    ]
+    for spec, compute_dtype, cycles in cases:
+        assert _vector_cycles_per_element(spec, hw, compute_dtype) == pytest.approx(cycles), spec
+    # an all-bf16 Add given its bytes casts every element it reads and writes, as without them
+    explicit = OpSpec("Add", shape, "bf16", (("read_bytes", 4 * n), ("write_bytes", 2 * n)))
+    assert _vector_cycles_per_element(explicit, hw, "fp32") == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="cast_elements must be a number >= 0"):
+        op_cost(OpSpec("Add", shape, "fp32", (("cast_elements", -1.0),)), hw)
+
+
 def test_a_generic_op_needs_its_bytes() -> None:
     with pytest.raises(ValueError, match="aten::cumsum: a generic op needs attributes read_bytes and write_bytes"):
         op_cost(OpSpec("aten::cumsum", ((16,),), "fp16"), A910)

@@ -341,6 +341,10 @@ def test_megatron_framework_adds_the_kernels_the_real_profile_shows() -> None:
     assert "layers.0.mlp.down_proj.main_grad_add" in names and not any("main_grad" in op.name for op in ideal.ops)
     # down_proj weight (688 x 256): fp32 main gradient + bf16 gradient, written in fp32
     assert names["layers.0.mlp.down_proj.main_grad_add"].input_shapes[0] == [688, 256]
+    # CANN's Add casts the bf16 gradient to fp32 before its fp32 add: a cast and an add per element
+    # (simulator/vector_profiles.py), counted in the op's work as two instructions per element
+    main_grad = names["layers.0.mlp.down_proj.main_grad_add"]
+    assert main_grad.attrs["cast_elements"] == 1.0 and main_grad.flop == 2 * 688 * 256
     layers = TINY.num_layers
     assert len(megatron.ops_of("SwiGlu")) == len(megatron.ops_of("SwiGluGrad")) == layers
     assert not megatron.ops_of("SiLU") and len(ideal.ops_of("SiLU")) == layers

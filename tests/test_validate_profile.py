@@ -157,6 +157,11 @@ def test_vector_kernels_are_charged_the_bytes_their_tensors_hold() -> None:
     cast = next(r for r in rows if r["Type"] == "Cast" and r["Input Shapes"] == '"4096,1,1,128"'
                 and r["Output Data Types"] == "DT_BF16")
     assert kernel_spec("Cast", cast).attrs == (("read_bytes", 4096 * 128 * 4), ("write_bytes", 4096 * 128 * 2))
+    # Add of FLOAT (6144, 1024) and DT_BF16 (6144, 1024) into FLOAT (a main gradient): CANN's Add
+    # casts the bf16 input to fp32, one cast per element of the output (cast_elements)
+    grad = next(r for r in rows if r["Type"] == "Add" and r["Input Shapes"] == '"6144,1024;6144,1024"')
+    assert kernel_spec("Add", grad) == OpSpec("Add", ((6144, 1024),), "fp32", (
+        ("cast_elements", 1.0), ("read_bytes", 6144 * 1024 * 6), ("write_bytes", 6144 * 1024 * 4)))
     # Slice of (4096, 8, 512) into (4096, 8, 256), DT_BF16: a StridedSlice that reads only the part it copies
     cut = next(r for r in rows if r["Type"] == "Slice" and r["Output Shapes"] == '"4096,8,256"')
     assert kernel_spec("Slice", cut) == OpSpec("StridedSlice", ((4096, 8, 256),), "bf16", (

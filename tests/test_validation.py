@@ -46,8 +46,9 @@ def test_every_case_names_its_source_and_acceptance() -> None:
         assert case.upper_bound is not None or case.accept_range is not None or (
             case.published and case.tolerance_frac
         ), case.id
-    assert list(KNOWN_GAPS) == [  # keep in step with the closing notes
-        "fa-910b2-s32k", "llama2-7b-910b-x8-s4k"]
+    # keep in step with the closing notes; llama2-7b-910b-x8-s4k (MindFormers) left the list in
+    # simulator 0.10.0, 0.01% inside its band's 15% edge (5,372.2 tokens/s/card against 4,672 x 1.15 = 5,372.8)
+    assert list(KNOWN_GAPS) == ["fa-910b2-s32k"]
 
 
 def test_error_is_against_the_published_figure_even_inside_a_band() -> None:

@@ -765,8 +765,10 @@ class _Stage:
         grad = Tensor(shape, self.dtype)
         if cast:
             grad = npu.cast(Tensor(shape, "fp32"), self.dtype, name=f"{name}.grad_cast")
-        # in place into the job-long gradient buffer: no new tensor (an Add's cost, read both, write fp32)
-        npu.emit("Add", (Tensor(shape, "fp32"), grad), "fp32", f"{name}.main_grad_add")
+        # in place into the job-long gradient buffer: no new tensor (an Add's cost, read both, write fp32;
+        # the kernel casts the compute-dtype gradient to fp32 first, one cast per element)
+        attrs = {"cast_elements": 1.0} if self.dtype != "fp32" else None
+        npu.emit("Add", (Tensor(shape, "fp32"), grad), "fp32", f"{name}.main_grad_add", attrs)
 
     def _scatter(self, npu: NPU, regather, g: Tensor, name: str):
         """With SP, once the input is gathered again for the weight gradient: reduce-scatter the
