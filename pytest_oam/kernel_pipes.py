@@ -25,7 +25,8 @@ def _float(text: str | None) -> float | None:
 
 class PipeTimes(BaseModel):
     """Busy time of the units of one op type's kernels, measured (msprof's PipeUtilization columns of
-    kernel_details.csv) and simulated, per core and summed over the kernels (:func:`pipe_times`).
+    kernel_details.csv) and simulated, summed over every block of the kernels (core-seconds,
+    :func:`pipe_times`).
 
     A Cube kernel (``AI_CORE``) is compared by its Cube unit, a Vector kernel (``AI_VECTOR_CORE``,
     or ``MIX_AIV`` that the simulator runs as a Vector kernel: its Vector cores' columns) by its
@@ -44,7 +45,7 @@ class PipeTimes(BaseModel):
                                    "shared HBM (or L2) bandwidth, with the start-up cost of each transfer")
 
 
-#: msprof's per-core busy-time columns (us) of kernel_details.csv (aic_metrics PipeUtilization, the
+#: msprof's per-block busy-time columns (us) of kernel_details.csv (aic_metrics PipeUtilization, the
 #: default), per accelerator core: (unit, DMA in, DMA out).
 PIPE_COLUMNS = {"AI_CORE": ("aic_mac_time(us)", "aic_mte2_time(us)", "aic_fixpipe_time(us)"),
                 "AI_VECTOR_CORE": ("aiv_vec_time(us)", "aiv_mte2_time(us)", "aiv_mte3_time(us)")}
@@ -52,7 +53,7 @@ PIPE_COLUMNS = {"AI_CORE": ("aic_mac_time(us)", "aic_mte2_time(us)", "aic_fixpip
 #: simulator runs it as a Vector kernel.
 PIPE_COLUMNS["MIX_AIV"] = PIPE_COLUMNS["AI_VECTOR_CORE"]
 #: How much longer than the kernel's Duration a unit's busy time may read before the row is left out
-#: of the pipe table (msprof's per-core times are within the kernel's; the slack is for rounding).
+#: of the pipe table (a block's busy time is within the kernel's; the slack is for rounding).
 PIPE_SLACK_FRAC = 0.01
 
 
@@ -72,11 +73,13 @@ def _pipe_value(row: dict[str, str], column: str, duration_s: float) -> float:
 
 def pipe_times(kernels, rows: list[dict[str, str]], spec: str) -> tuple[dict[str, PipeTimes], dict[str, int]]:
     """Per op type, the busy time of the Cube or Vector unit and of the DMA queues of its kernels,
-    measured (msprof's columns, :data:`PIPE_COLUMNS`: per-core averages over the cores a kernel
-    used) beside the simulator's (its pipe shares of the simulated duration, per core used), and
-    the replayed kernels left out, counted by reason: ``MIX_AIC`` kernels (FlashAttention: Cube and
-    Vector cores not one to one), kernels the simulator runs on the other kind of core, rows
-    without the columns or with a value that is not a number >= 0 or is longer than the kernel.
+    measured (msprof's columns, :data:`PIPE_COLUMNS`, per block, times the row's Block Dim) beside
+    the simulator's (its pipe shares of all its cores' time over the simulated duration, before any
+    calibrated time scale), all in core-seconds, so the two need not cut the work into as many
+    blocks; and the replayed kernels left out, counted by reason: ``MIX_AIC`` kernels
+    (FlashAttention: Cube and Vector cores not one to one), kernels with no unit in the simulator or
+    that it runs on the other kind of core, rows without the columns or a Block Dim, or with a value
+    that is not a number >= 0 or is longer than the kernel.
     Shows which unit's model is off where a kernel's duration is.
     """
     from simulator.hardware import load_hardware
@@ -97,14 +100,22 @@ def pipe_times(kernels, rows: list[dict[str, str]], spec: str) -> tuple[dict[str
             if cube != (core == "AI_CORE"):
                 raise _LeftOut(f"the simulator runs it on the {'Cube' if cube else 'Vector'} unit, the card on {core}")
             measured = [_pipe_value(row, c, k.measured_s) for c in PIPE_COLUMNS[core]]
+            blocks = _float(row.get("Block Dim"))
+            if blocks is None or not math.isfinite(blocks) or blocks < 1 or blocks != int(blocks):
+                raise _LeftOut("no Block Dim to sum its blocks' busy time over")
         except _LeftOut as why:
             left_out[str(why)] += 1
             continue
+        # Both sides summed over the kernel's blocks (core-seconds), so the card's Block Dim and the
+        # simulator's need not agree: msprof's columns are per block of the row's Block Dim (its
+        # total cycles over Block Dim and the clock); the simulator's pipe ratios are shares of
+        # all its cores' time. A calibrated spec's time scale is taken out: the cost model's own.
         cores = hw.ai_core.count if cube else hw.ai_core.vector_core_count
-        per_core_s = cost.duration_s * cores / min(cost.block_dim, cores)  # a share of all cores -> of those used
+        scale = 1.0 if hw.calibration is None else hw.calibration.time_scale(k.op_type)
+        all_cores_s = cost.duration_s / scale * cores
         acc = sums[(k.op_type, "Cube" if cube else "Vector")]
-        for i, value in enumerate((1, measured[0], (cost.mac_ratio if cube else cost.vec_ratio) * per_core_s,
-                                   measured[1], measured[2], cost.mte2_ratio * per_core_s)):
+        for i, value in enumerate((1, measured[0] * blocks, (cost.mac_ratio if cube else cost.vec_ratio) * all_cores_s,
+                                   measured[1] * blocks, measured[2] * blocks, cost.mte2_ratio * all_cores_s)):
             acc[i] += value
     units = Counter(op for op, _ in sums)
     pipes = {(op if units[op] == 1 else f"{op} ({unit})"): PipeTimes(
@@ -130,8 +141,8 @@ def pipes_text(pipes: dict[str, PipeTimes], left_out: dict[str, int], fmt: str =
         headers = [table_cell(h, fmt) for h in ("op type", "kernels", "unit", "unit measured", "unit simulated",
                                                 "simulated / measured", "MTE2 measured", "MTE3 or FixPipe measured",
                                                 "DMA simulated")]
-        lines += [("busy time per unit, per core, summed over each op type's kernels (msprof's pipe columns; the "
-                   "simulator's DMA is one queue for reads and writes)"),
+        lines += [("busy time per unit in core-seconds, summed over every block of each op type's kernels (msprof's "
+                   "pipe columns; the simulator's DMA is one queue for reads and writes)"),
                   tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)]
     else:
         lines.append("pipes: no kernel has msprof's per-unit busy times to compare (its PipeUtilization columns, "

@@ -71,6 +71,8 @@ VECTOR_PROFILES: dict[str, VectorProfile] = {
     # element more there) and the rstd arithmetic on one value per row are not separated
     # here, as for RmsNormGrad. CANN 8.1.RC1's copy of the kernel (leideng/CANN-8.1.RC1, commit
     # 4332a0134a96cfea4a4f6673690a81075c1e4dfb) casts gamma per pass: one cast more
+    # The counts are for a bf16 (or fp16) input; an fp32 one skips the two casts of x and y (5 in
+    # all), not separated here (the simulator's RmsNorm runs in the training dtype)
     "RmsNorm": VectorProfile(1, 1, {"cast": 3, "mul": 3, "add": 1}, "fp32"),
     # RmsNormGrad as CANN's Ascend C kernel runs it for bf16 on the 910B (split-N template,
     # rows of D >= SMALLD_THRESHOLD = 640 elements: ComputeMainBf16 of
@@ -98,6 +100,8 @@ VECTOR_PROFILES: dict[str, VectorProfile] = {
     # ChooseTilingMode of posembedding/rotary_position_embedding/op_host/rope_rotate_half_tiling.cpp,
     # recursion-ascend/ops-transformer, commit a093e954a5a431b19fccf2cd92ef742c0500527c, a
     # copy of hicann/ops-transformer): 2.5 / (B N) per element, not separated here
+    # The counts are for bf16; an fp32 input skips the two casts of x and y (4 in all), not
+    # separated here
     "RotaryPositionEmbedding": VectorProfile(1, 1, {"cast": 3, "mul": 2, "add": 1}, "fp32"),
     # Cross entropy over logits: softmax then pick the label; grad rewrites the logits.
     "CrossEntropy": VectorProfile(1, 0, {"max": 1, "add": 1, "exp": 1, "reduce": 2}, "fp32"),

@@ -82,6 +82,19 @@ def test_llm_calibration_loads_carries_provenance_and_beats_its_base(llm_calibra
     assert "median |error| per kernel:" in printed and f"wrote {path}" in printed
 
 
+def test_pipes_show_the_cost_models_own_unit_times_on_a_calibrated_spec(llm_calibrated) -> None:
+    """--pipes compares the cost model's units with msprof's: a calibrated spec's time scale (which
+    lengthens or shortens every op of a type) is not a unit's error, so it is taken out."""
+    calibrated = replay_profile(LLM, str(llm_calibrated[0]))
+    base = replay_profile(LLM)
+    scale = load_hardware(str(llm_calibrated[0])).calibration.op_time_scale["MatMul"].time_scale
+    assert scale != pytest.approx(1.0, abs=0.01)  # the fit moved MatMul (1.10 on simulator 0.10.0)
+    assert calibrated.by_op_type["MatMul"].simulated_s == pytest.approx(scale * base.by_op_type["MatMul"].simulated_s)
+    for op in ("MatMul", "RmsNorm", "Add"):
+        assert calibrated.pipes[op].unit_simulated_s == pytest.approx(base.pipes[op].unit_simulated_s)
+        assert calibrated.pipes[op].dma_simulated_s == pytest.approx(base.pipes[op].dma_simulated_s)
+
+
 def test_fitting_alexnet_level1_improves_the_separate_level2_run(tmp_path, capsys) -> None:
     """The issue's key test: fitted on one profile, better on ANOTHER profile of the same machine
     (a separate profiling run of the same job), not only on itself."""

@@ -276,8 +276,8 @@ def test_a_bad_hardware_option_is_one_line(capsys) -> None:
 
 def test_pipes_compare_each_units_busy_time_with_msprofs_columns(tmp_path) -> None:
     """``--pipes``: one Vector kernel (Add over 48 blocks) and one MatMul measured with msprof's
-    pipe columns; the table puts the columns' sums beside the simulator's pipe shares, and says
-    which kernels it leaves out and why."""
+    pipe columns (per block); the table puts their sums over the blocks beside the simulator's pipe
+    shares of all its cores' time (core-seconds), and says which kernels it leaves out and why."""
     hw = load_hardware("ascend910b")
     header = HEADER.rstrip("\n") + (",aic_mac_time(us),aic_mte2_time(us),aic_fixpipe_time(us),aiv_vec_time(us),"
                                     "aiv_mte2_time(us),aiv_mte3_time(us)\n")
@@ -295,24 +295,47 @@ def test_pipes_compare_each_units_busy_time_with_msprofs_columns(tmp_path) -> No
     assert report.pipes_left_out == {"a pipe time that is not a number >= 0": 3, "a pipe time longer than the kernel": 1}
     add_pipes, mm = report.pipes["Add"], report.pipes["MatMul"]
     assert add_pipes.unit == "Vector" and add_pipes.kernels == 1
+    # the row's Block Dim is 48: msprof's per-block times, 48 times
     assert (add_pipes.unit_measured_s, add_pipes.mte2_measured_s, add_pipes.write_measured_s) == pytest.approx(
-        (7.5e-6, 30e-6, 9e-6))
-    # the Add fills all 48 Vector cores of the 910B2, so its per-core shares are shares of its time
+        (48 * 7.5e-6, 48 * 30e-6, 48 * 9e-6))
+    # the simulator's shares are of all 48 Vector cores' time
     add_cost = op_cost(kernel_spec("Add", {"Type": "Add", "Input Shapes": '"4096,1024;4096,1024"',
                                            "Input Data Types": "DT_BF16;DT_BF16", "Output Shapes": '"4096,1024"',
                                            "Output Data Types": "DT_BF16"}), hw)
     assert add_cost.block_dim == hw.ai_core.vector_core_count
-    assert add_pipes.unit_simulated_s == pytest.approx(add_cost.vec_ratio * add_cost.duration_s)
-    assert add_pipes.dma_simulated_s == pytest.approx(add_cost.mte2_ratio * add_cost.duration_s)
+    assert add_pipes.unit_simulated_s == pytest.approx(48 * add_cost.vec_ratio * add_cost.duration_s)
+    assert add_pipes.dma_simulated_s == pytest.approx(48 * add_cost.mte2_ratio * add_cost.duration_s)
     assert mm.unit == "Cube"
-    assert (mm.unit_measured_s, mm.mte2_measured_s, mm.write_measured_s) == pytest.approx((60e-6, 70e-6, 20e-6))
-    assert 0 < mm.unit_simulated_s < report.by_op_type["MatMul"].simulated_s
+    assert (mm.unit_measured_s, mm.mte2_measured_s, mm.write_measured_s) == pytest.approx(
+        (24 * 60e-6, 24 * 70e-6, 24 * 20e-6))
+    assert 0 < mm.unit_simulated_s < 24 * report.by_op_type["MatMul"].simulated_s
+
+
+def test_pipes_sum_over_blocks_so_block_dims_need_not_agree(tmp_path) -> None:
+    """A 64-element bf16 Add the card ran as Block Dim 1 and the simulator cuts into 4 blocks of one
+    32-byte block each: both sides in core-seconds. Golden: CANN's Add casts both bf16 inputs and
+    the output around one fp32 add (simulator/vector_profiles.py), 4 one-cycle instructions per
+    element at the fp32 rate, so the simulated Vector work is 64 x 4 cycles over the 910B2's
+    64 fp32 lanes x 1.8 GHz x its Vector efficiency, whichever core does it. Dividing by the
+    simulator's 4 blocks (per block) or its 48 cores (per core) instead would give a quarter or
+    1/48 of it."""
+    hw = load_hardware("ascend910b")
+    header = HEADER.rstrip("\n") + ",aiv_vec_time(us),aiv_mte2_time(us),aiv_mte3_time(us)\n"
+    path = tmp_path / "kernel_details.csv"
+    path.write_text(header + '1,aclnnAdd_AddAiCore_Add,Add,AI_VECTOR_CORE,100.0\t,2.0,1,0,"64;64",DT_BF16;DT_BF16,'
+                    '"64",DT_BF16,0.05,0.4,0.2\n', encoding="utf-8")
+    report = replay_profile(path, "ascend910b")
+    add = report.pipes["Add"]
+    assert add.unit_measured_s == pytest.approx(0.05e-6) and add.mte2_measured_s == pytest.approx(0.4e-6)
+    rate = hw.vector_ops_per_cycle("fp32") * hw.ai_core.clock_hz * hw.vector_unit.efficiency_frac
+    assert add.unit_simulated_s == pytest.approx(64 * 4 / rate)
 
 
 def test_pipes_on_the_real_profile_and_without_pipe_columns(replayed, tmp_path, capsys) -> None:
-    # the JSON always carries them; RmsNorm's Vector time is msprof's column summed over its 112 kernels
+    # the JSON always carries them; RmsNorm's Vector time is msprof's column times Block Dim, summed
+    # over its 112 kernels
     pipes = replayed[1]["pipes"]
-    rms_vec_s = sum(float(r["aiv_vec_time(us)"]) for r in llm_rows() if r["Type"] == "RmsNorm") * 1e-6
+    rms_vec_s = sum(float(r["aiv_vec_time(us)"]) * int(r["Block Dim"]) for r in llm_rows() if r["Type"] == "RmsNorm") * 1e-6
     assert pipes["RmsNorm"]["kernels"] == 112 and pipes["RmsNorm"]["unit"] == "Vector"
     assert pipes["RmsNorm"]["unit_measured_s"] == pytest.approx(rms_vec_s, rel=1e-9)
     assert "FlashAttention" not in pipes and "RmsNormGrad" in pipes  # MIX_AIC out; MIX_AIV as a Vector kernel
