@@ -642,6 +642,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if wants_profile(argv[1:]):  # a real profile, kernel by kernel
             return replay_main(argv[1:])
+        if "--pipes" in argv[1:]:  # an option of the --profile form only
+            print("oam validate: error: --pipes compares a real profile's units: give it with --profile DIR",
+                  file=sys.stderr)
+            return 2
         from simulator.validation import main as validate_main
 
         try:

@@ -353,3 +353,10 @@ def test_pipes_on_the_real_profile_and_without_pipe_columns(replayed, tmp_path, 
     main(["validate", "--profile", str(path), "--format", "json", "--hardware", "ascend910b"])
     data = json.loads(capsys.readouterr().out)
     assert data["pipes"] == {} and data["pipes_left_out"] == {"no aiv_vec_time(us) column": 1}
+
+
+def test_pipes_without_a_profile_says_what_it_needs(capsys) -> None:
+    # argparse of the figures' form said "unrecognized arguments: --pipes"
+    assert main(["validate", "--pipes"]) == 2
+    err = capsys.readouterr().err
+    assert err == "oam validate: error: --pipes compares a real profile's units: give it with --profile DIR\n"
