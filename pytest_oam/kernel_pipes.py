@@ -4,23 +4,17 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from .files.realfile import number_or_none
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _LeftOut(Exception):
     """Why one kernel is not in the pipe table."""
-
-
-def _float(text: str | None) -> float | None:
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
-        return None
 
 
 class PipeTimes(BaseModel):
@@ -62,8 +56,8 @@ def _pipe_value(row: dict[str, str], column: str, duration_s: float) -> float:
     with why it cannot be used."""
     if column not in row or row[column] is None:
         raise _LeftOut(f"no {column} column")
-    value = _float(row[column])
-    if value is None or not math.isfinite(value) or value < 0:
+    value = number_or_none(row[column])
+    if value is None or value < 0:
         raise _LeftOut("a pipe time that is not a number >= 0")
     value_s = value * 1e-6
     if value_s > duration_s * (1 + PIPE_SLACK_FRAC):
@@ -91,7 +85,7 @@ def pipe_times(kernels, rows: list[dict[str, str]], spec: str) -> tuple[dict[str
         row, cost = rows[k.index], k.cost
         core = (row.get("Accelerator Core") or "").strip().upper()
         try:
-            if cost is None or cost.block_dim < 1:
+            if cost.block_dim < 1:
                 raise _LeftOut("no unit in the simulator (a view or a host-side op)")
             if core not in PIPE_COLUMNS:
                 raise _LeftOut("MIX_AIC (fused Cube and Vector): their cores are not one to one" if core == "MIX_AIC"
@@ -100,8 +94,8 @@ def pipe_times(kernels, rows: list[dict[str, str]], spec: str) -> tuple[dict[str
             if cube != (core == "AI_CORE"):
                 raise _LeftOut(f"the simulator runs it on the {'Cube' if cube else 'Vector'} unit, the card on {core}")
             measured = [_pipe_value(row, c, k.measured_s) for c in PIPE_COLUMNS[core]]
-            blocks = _float(row.get("Block Dim"))
-            if blocks is None or not math.isfinite(blocks) or blocks < 1 or blocks != int(blocks):
+            blocks = number_or_none(row.get("Block Dim"))
+            if blocks is None or blocks < 1 or blocks != int(blocks):
                 raise _LeftOut("no Block Dim to sum its blocks' busy time over")
         except _LeftOut as why:
             left_out[str(why)] += 1

@@ -61,7 +61,7 @@ from simulator.vector_profiles import VECTOR_PROFILES
 
 from .files.importers import AscendCsv, ImportError_, read_ascend_csv
 from .files.kernel_names import bytes_read, simulator_dtype, simulator_op_type, why_no_op_type
-from .files.realfile import Shape
+from .files.realfile import Shape, number_or_none
 from .files.realfile import parse_shapes as _parse_shapes
 from .kernel_pipes import PipeTimes, pipe_times, pipes_text
 
@@ -421,14 +421,6 @@ def _int(text: str | None) -> int | None:
         return None
 
 
-def _float(text: str | None) -> float | None:
-    try:
-        value = float((text or "").strip())
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _filled(block_dims: list[int]) -> int | None:
     """The largest Block Dim that at least :data:`CORE_SHARE_FRAC` of the kernels use (the
     largest one when none does)."""
@@ -454,10 +446,10 @@ def _used_cores(rows: list[dict[str, str]]) -> tuple[int | None, int | None, flo
             cube.append(block)
             if core == "MIX_AIC" and mix:
                 vector.append(mix)
-            cycles, time_us = _float(row.get("aic_total_cycles")), _float(row.get("aicore_time(us)"))
+            cycles, time_us = number_or_none(row.get("aic_total_cycles")), number_or_none(row.get("aicore_time(us)"))
         elif core in ("AI_VECTOR_CORE", "MIX_AIV"):
             vector.append(block)
-            cycles, time_us = _float(row.get("aiv_total_cycles")), _float(row.get("aiv_time(us)"))
+            cycles, time_us = number_or_none(row.get("aiv_total_cycles")), number_or_none(row.get("aiv_time(us)"))
         else:
             continue
         if cycles and time_us:
@@ -521,8 +513,12 @@ class ReplayedKernel(NamedTuple):
     kernel_type: str
     op_type: str  #: the simulator's op type
     measured_s: float
-    simulated_s: float
-    cost: OpCost | None = None  #: the simulator's cost of it (its pipe shares: :func:`pipe_times`)
+    cost: OpCost  #: the simulator's cost of it (its pipe shares: :func:`pipe_times`)
+
+    @property
+    def simulated_s(self) -> float:
+        """The simulated duration."""
+        return self.cost.duration_s
 
     @property
     def error_frac(self) -> float:
@@ -596,7 +592,7 @@ def replay_kernels(path: str | Path, hardware: str | None = None) -> ReplayedKer
         except NotReplayable as why:
             skipped[(kernel, str(why))].append(op)
             continue
-        kernels.append(ReplayedKernel(index, kernel, spec.op_type, op.duration_s, cost.duration_s, cost))
+        kernels.append(ReplayedKernel(index, kernel, spec.op_type, op.duration_s, cost))
     return ReplayedKernels(csv_path, read, check, kernels, dict(skipped))
 
 

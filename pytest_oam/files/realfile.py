@@ -127,6 +127,16 @@ def number(text: object, path: Path, where: str, default: float | None = None) -
     return value
 
 
+def number_or_none(text: str | None) -> float | None:
+    """A finite number from a cell of a real file (tabs and spaces stripped), or None for anything
+    else (empty, ``N/A``, text, inf, nan): for optional columns that are read where present."""
+    try:
+        value = float((text or "").strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def timestamp_us(text: object, path: Path, where: str) -> decimal.Decimal:
     """A timestamp in microseconds, exactly: string timestamps such as ``"1704161511422904.204"``
     lose their sub-microsecond part as floats.
