@@ -286,9 +286,11 @@ class CalibrationSpec(_Group):
     own host overhead from the host's dispatch.
 
     Files written by earlier versions of oam calibrate named the host interval ``host_dispatch_s_before`` /
-    ``host_dispatch_s_fitted`` (and wrote it into ``launch`` too); they are read with the fitted
-    value as ``profiled_host_dispatch_s_fitted`` and ``profiled_host_dispatch_s_before`` None
-    (their ``launch.host_dispatch_s`` stays as written: calibrate again to restore the base's).
+    ``host_dispatch_s_fitted`` and wrote the fitted value into ``launch.host_dispatch_s``; they are
+    read as this version writes them (:meth:`HardwareSpec._read_files_of_earlier_calibrations`):
+    the fitted value as ``profiled_host_dispatch_s_fitted`` and ``profiler.profiled_host_dispatch_s``,
+    ``profiled_host_dispatch_s_before`` None, and ``launch.host_dispatch_s`` the base's value the
+    file recorded as ``host_dispatch_s_before``.
     """
 
     base_hardware: str = Field(min_length=1, description="The spec the fit started from (bundled name or path)")
@@ -354,6 +356,28 @@ class HardwareSpec(BaseModel):
     calibration: CalibrationSpec | None = Field(
         default=None, description="Fitted to real profiles by oam calibrate, with their provenance; None (the "
         "bundled specs): not calibrated")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_files_of_earlier_calibrations(cls, data: object) -> object:
+        """Undo what an earlier oam calibrate wrote into ``launch`` (see :class:`CalibrationSpec`):
+        its fitted host interval, measured under the profiler, made every unprofiled run of the
+        spec host-bound. The file recorded the base's value beside it."""
+        if not isinstance(data, dict) or not isinstance(data.get("calibration"), dict):
+            return data
+        calibration, launch = data["calibration"], data.get("launch")
+        before, fitted = calibration.get("host_dispatch_s_before"), calibration.get("host_dispatch_s_fitted")
+        if "profiled_host_dispatch_s_fitted" in calibration or not isinstance(launch, dict) or fitted is None:
+            return data
+        if launch.get("host_dispatch_s") == fitted and before is not None:
+            note = " host_dispatch_s: the base's value again (read as this version writes calibrated files)"
+            restored = {**launch, "host_dispatch_s": before}
+            if isinstance(launch.get("source"), str):
+                restored["source"] = launch["source"] + note
+            data = {**data, "launch": restored}
+            if isinstance(data.get("profiler"), dict):
+                data["profiler"] = {**data["profiler"], "profiled_host_dispatch_s": fitted}
+        return data
 
     def peak_cube_flop_per_s(self, dtype: str) -> float:
         """Peak Cube unit rate in FLOP/s (2 FLOP per MAC) for ``dtype``.

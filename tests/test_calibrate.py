@@ -367,12 +367,21 @@ def test_a_file_an_earlier_oam_calibrate_wrote_still_loads(llm_calibrated, tmp_p
     cal = data["calibration"]
     fitted = cal.pop("profiled_host_dispatch_s_fitted")
     cal.pop("profiled_host_dispatch_s_before")
-    cal.update(host_dispatch_s_before=2e-5, host_dispatch_s_fitted=fitted)  # the earlier keys
+    base_launch_s = data["launch"]["host_dispatch_s"]
+    cal.update(host_dispatch_s_before=base_launch_s, host_dispatch_s_fitted=fitted)  # the earlier keys
+    data["launch"]["host_dispatch_s"] = fitted  # where the earlier calibrate wrote it
+    data["profiler"]["profiled_host_dispatch_s"] = 9e-6  # anything but the fitted value
     data["name"] = "earlier-910b"
     old = tmp_path / "earlier-910b.json"
     old.write_text(json.dumps(data), encoding="utf-8")
-    read = load_hardware(str(old)).calibration
+    spec = load_hardware(str(old))
+    read = spec.calibration
     assert read.profiled_host_dispatch_s_fitted == fitted and read.profiled_host_dispatch_s_before is None
+    # The fitted (profiled) interval no longer makes every unprofiled run host-bound: launch gets the
+    # base's value back, and the fitted one goes where this version writes it
+    assert fitted != base_launch_s
+    assert spec.launch.host_dispatch_s == base_launch_s
+    assert spec.profiler.profiled_host_dispatch_s == fitted
 
 
 def test_a_calibrated_scale_of_an_unknown_op_type_is_refused(tmp_path, capsys) -> None:
