@@ -825,7 +825,7 @@ def load_job(path) -> tuple[dict, OptimizationTarget, ParameterSpace, Callable]:
                         "fix the module") from None
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # the module's own code failed as it ran at import (SystemExit too)
+    except BaseException as exc:  # noqa: BLE001 -- the module's own code failed as it ran at import (SystemExit too)
         raise TuneError(f"{path}: workload module {module_name!r} raised {type(exc).__name__} when imported: "
                         f"{_one_line(exc)}; fix the module (run: python -c 'import {module_name}')") from None
     finally:

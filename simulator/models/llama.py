@@ -53,8 +53,20 @@ from .llama_memory import (
 )
 
 __all__ = [
-    "LLAMA2_7B", "LLAMA2_13B", "LLAMA2_70B", "QWEN3_0_6B", "FRAMEWORKS", "RECOMPUTE_MODES", "TRAINING_DTYPES", "LlamaConfig", "MemoryEstimate",
-    "ParallelLayout", "memory_estimates", "memory_per_card_bytes", "pipeline_plan", "training_step",
+    "FRAMEWORKS",
+    "LLAMA2_7B",
+    "LLAMA2_13B",
+    "LLAMA2_70B",
+    "QWEN3_0_6B",
+    "RECOMPUTE_MODES",
+    "TRAINING_DTYPES",
+    "LlamaConfig",
+    "MemoryEstimate",
+    "ParallelLayout",
+    "memory_estimates",
+    "memory_per_card_bytes",
+    "pipeline_plan",
+    "training_step",
 ]
 
 
