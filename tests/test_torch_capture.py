@@ -553,6 +553,69 @@ def test_hardware_with_a_card_count_says_to_use_devices():
         run_torch(train_step, setup=setup_block, hardware="ascend910b x 4")
 
 
+def _hardware_file(folder, name: str = "my-npu") -> str:
+    """A hardware file (as oam calibrate writes one): the bundled 910B's figures under another name."""
+    import json
+    from importlib.resources import files
+
+    data = json.loads(files("simulator").joinpath("hardware", "ascend910b.json").read_text(encoding="utf-8"))
+    data["name"] = name
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+def test_a_hardware_files_path_is_a_card(tmp_path, monkeypatch):
+    # Newcomer: run_torch refused hardware="./my-npu.json" (the file oam calibrate writes) as if it
+    # were "ascend910b x 4", while simulator.run and oam_profile.run take it.
+    _hardware_file(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for given in ("./my-npu.json", str(tmp_path / "my-npu.json")):
+        assert run_torch(train_step, setup=setup_block, hardware=given).hardware == "my-npu"
+
+
+def test_oam_hardware_file_drives_a_torch_test(pytester):
+    """--oam-hardware FILE reaches run_torch in a test: it passed a ValueError traceback before."""
+    _hardware_file(pytester.path)
+    pytester.makepyfile(test_step="""
+        import torch
+
+        def setup():
+            torch.set_default_dtype(torch.bfloat16)
+            return (torch.randn(256, 256),)
+
+        def step(x):
+            (x @ x).relu()
+
+        def test_step(oam_profile):
+            assert oam_profile.run_torch(step, setup=setup).hardware == "my-npu"
+    """)
+    pytester.runpytest_subprocess("-p", "no:randomly", "--oam-hardware", "./my-npu.json").assert_outcomes(passed=1)
+
+
+def test_out_of_memory_names_the_users_line():
+    """Without memory modelling an out-of-memory error named the simulator's own file
+    (capture/recorder.py) as where the tensor was made, for a tensor of setup, of the warm-up
+    or of an allocation (torch.empty): the user's line it came from, as docs/memory.md says."""
+    from simulator import OutOfMemoryError
+
+    def setup():
+        torch.set_default_dtype(torch.bfloat16)
+        return (torch.randn(1 << 36),)  # 128 GiB: more than the 910B's HBM
+
+    def step(x):
+        return torch.empty(1 << 36)
+
+    def small():
+        return (torch.randn(16, dtype=torch.bfloat16),)
+
+    for made, function, line in ((setup, lambda x: x, setup.__code__.co_firstlineno + 2),
+                                 (small, step, step.__code__.co_firstlineno + 1)):
+        with pytest.raises(OutOfMemoryError) as raised:
+            run_torch(function, setup=made, hardware="ascend910b")
+        assert f"a tensor made at {__file__}:{line}," in str(raised.value), str(raised.value)
+
+
 def test_tuning_a_torch_steps_keyword_argument():
     """auto_tune searches a captured step's keyword arguments: fused attention against the
     softmax(q k^T) v it replaces; the fused kernel is faster on the card, so it is the optimum."""

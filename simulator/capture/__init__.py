@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable
 
 from ..allocator import AllocatorConfig, OutOfMemoryError
-from ..hardware import HardwareSpec, list_hardware, load_hardware
+from ..hardware import HardwareSpec, is_hardware_path, list_hardware, load_hardware
 from ..profile import Profile
 from .errors import CaptureError, translate_error
 
@@ -217,7 +217,8 @@ def run_torch(
         raise ValueError(f"run_torch: steps must be a positive integer, got {steps!r}")
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
         raise ValueError(f"run_torch: warmup_steps must be an integer >= 0, got {warmup_steps!r}")
-    if isinstance(hardware, str) and not _BARE_NAME.fullmatch(hardware.strip()):
+    # a hardware file's path (./my-910b.json from oam calibrate) is a card too, as for simulator.run
+    if isinstance(hardware, str) and not is_hardware_path(hardware) and not _BARE_NAME.fullmatch(hardware.strip()):
         raise ValueError(f"run_torch: hardware {hardware!r}: give the card's name ({', '.join(list_hardware())}) "
                          "and the card count as devices=N")
     _require_torch()

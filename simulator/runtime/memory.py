@@ -156,7 +156,7 @@ class MemoryTracker:
             if self.live_bytes + nbytes > self.capacity_bytes or len(self._gone) > _SETTLE_BATCH:
                 self.settle()
                 if self.live_bytes + nbytes > self.capacity_bytes:
-                    self.check_capacity(nbytes, self._tensor_what(tensor))
+                    self.check_capacity(nbytes, self._tensor_what(tensor, source))
             self.live_bytes += nbytes
             self._tracked[_Tracked(tensor, self._gone_callback)] = nbytes
             return tensor
@@ -295,12 +295,13 @@ class MemoryTracker:
 
     # -- out of memory -------------------------------------------------------------------------
 
-    def _tensor_what(self, tensor: Tensor) -> str:
+    def _tensor_what(self, tensor: Tensor, source: str | None = None) -> str:
         """What made ``tensor``, for an out-of-memory message: the op (type, name, call site) or
-        the call of ``npu.tensor`` / ``npu.from_numpy``; with its shape and dtype."""
+        the call of ``npu.tensor`` / ``npu.from_numpy`` (``source``: the user's line a front end
+        gave, as :meth:`allocate` takes it); with its shape and dtype."""
         index = tensor.producer_index
         if index is None:
-            made = f"a tensor made at {call_site()}"
+            made = f"a tensor made at {source or call_site()}"
         else:
             record = self._records[index]
             made = f"the output of {record.op_type} {record.name!r} (at {record.source})"
