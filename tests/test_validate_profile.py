@@ -229,6 +229,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert main(["validate", "--profile", str(cut)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "line " in err and "Traceback" not in err
+    # a Kineto trace given for the profile (newcomer: "line 2: more fields than the 0 columns")
+    trace = next((DATA / "hta-critical-path-alexnet-run1").glob("*trace.json.gz"))
+    assert main(["validate", "--profile", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 1: no column names: not a torch_npu kernel_details.csv" in err
     assert main(["validate", "--profile", str(LLM_CSV), "--max-error", "abc"]) == 2
     assert "--max-error" in capsys.readouterr().err
     assert main(["validate", "--profile", str(LLM_CSV), "--hardware", "nope"]) == 2  # not a bundled spec

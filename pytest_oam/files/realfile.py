@@ -84,6 +84,8 @@ def csv_rows(path: Path, text: str, kind: str) -> tuple[list[str], list[tuple[in
         header = [h.strip() for h in (reader.fieldnames or [])]
     except csv.Error as exc:
         raise ImportError_(f"{path}: line 1: not a valid CSV header ({exc}); expected {kind}") from None
+    if not any(header):  # a blank first line, or a JSON trace whose first line is "{"-less text
+        raise ImportError_(f"{path}: line 1: no column names: not {kind}")
     repeated = sorted({h for h in header if h and header.count(h) > 1})
     if repeated:
         if len(repeated) > _MAX_NAMED_COLUMNS:  # not a CSV table at all (a JSON trace read as CSV: one "column" a line)
