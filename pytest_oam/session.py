@@ -22,7 +22,7 @@ from .gate.evaluate import GateInputs
 from .judge.status import GateStatus
 from .markers import marker_of
 from .profiler import PROFILER_KEY, OamProfiler
-from .prune import prune_refusal, stale_baselines
+from .prune import EXISTING_TESTS_KEY, prune_refusal, stale_baselines
 from .settings import (
     OamSettings,
     check_devices,
@@ -32,6 +32,9 @@ from .settings import (
     simulator_clash,
     usage_error,
 )
+
+#: Set on an item while its test function runs (pytest_runtest_call).
+_IN_CALL = pytest.StashKey[bool]()
 
 if TYPE_CHECKING:
     from .files.baseline import BaselineFile
@@ -58,6 +61,8 @@ class OamSession:
         self.pruned: list[str] = []
         self.unused_baselines: list[str] = []  # gate mode, full run: files no collected test reads
         self.collected: set[str] = set()
+        #: Workers' test ids before a conftest or plugin dropped some (the controller's own: in the stash).
+        self.existing: set[str] = set()
         self.order: dict[str, int] = {}  # test id -> collection position, for reports in test order
         self.pending_saves: dict[str, BaselineFile] = {}
         #: Tests with a failed call report: their own, or a subtest's (not saved as baselines).
@@ -137,6 +142,7 @@ class OamSession:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         self.partial.update(getattr(node, "workeroutput", {}).get("oam_partial", ()))
+        self.existing.update(getattr(node, "workeroutput", {}).get("oam_existing", ()))
         if error:
             self.partial.add("a worker crashed")
 
@@ -255,9 +261,20 @@ class OamSession:
                              rules=self.settings.rules, test_passed=test_passed)
 
     @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item):
+        # a call report made while the test runs is a subtest's (pytest's subtests make it
+        # before wrapping it in a SubtestReport): see pytest_runtest_makereport
+        item.stash[_IN_CALL] = True
+        try:
+            return (yield)
+        finally:
+            item.stash[_IN_CALL] = False
+
+    @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
-        if self.unusable() or getattr(report, "context", None) is not None:
+        if (self.unusable() or getattr(report, "context", None) is not None
+                or (report.when == "call" and item.stash.get(_IN_CALL, False))):
             return report  # a subtest's report: the gate judges the whole test, on its call report
         result = self._gate_report(item, call, report)
         if report.when == "call":
@@ -502,7 +519,8 @@ class OamSession:
             # a full gating run: say which baselines no test read (a renamed or moved test
             # silently reports no-baseline otherwise)
             self.unused_baselines = [f"{self.display(path)} ({nodeid})"
-                                     for path, nodeid in stale_baselines(self.config, self.collected, self.settings.baseline_dir)[0]]
+                                     for path, nodeid in stale_baselines(self.config, self.existing_tests(),
+                                                                         self.settings.baseline_dir)[0]]
         for path in self.settings.report_paths:
             problem = report_overwrite_problem(path)  # made while the tests ran?
             if problem is not None:
@@ -515,13 +533,18 @@ class OamSession:
         if (self.save_errors or self.report_errors) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
+    def existing_tests(self) -> set[str]:
+        """Every test id this run's collection found, those a conftest or plugin then dropped
+        from the run included (they exist: their baselines are not stale)."""
+        return self.collected | self.existing | self.config.stash.get(EXISTING_TESTS_KEY, set())
+
     def _prune(self, session: pytest.Session) -> None:
         """Delete baselines of tests that are provably gone (see :func:`pytest_oam.prune.stale_baselines`)."""
         refusal = prune_refusal(self.config, session, self.partial, self.collected)
         if refusal:
             self.prune_refused = f"--oam-prune: not a full run ({refusal}); nothing deleted"
             return
-        gone, kept = stale_baselines(self.config, self.collected, self.settings.save_dir)
+        gone, kept = stale_baselines(self.config, self.existing_tests(), self.settings.save_dir)
         self.prune_kept = [f"{self.display(path)} ({nodeid})" for path, nodeid in kept]
         for path, nodeid in gone:
             try:

@@ -184,6 +184,26 @@ def test_prune_deletes_only_what_is_provably_gone(run, pytester, monkeypatch) ->
         assert f"({nodeid})" in out.split("--oam-prune kept")[1]
 
 
+def test_prune_keeps_baselines_of_tests_a_conftest_drops(run, pytester, monkeypatch) -> None:
+    # Newcomer: a conftest that drops tests from the list (items[:] = ..., which pytest_deselected
+    # never hears of) made the next --oam-prune delete their baselines, though the tests exist
+    pytester.makepyfile(test_drop=(
+        "def mm(npu):\n    npu.matmul(npu.tensor((64, 64)), npu.tensor((64, 64)))\n\n"
+        "def test_attn(oam_profile):\n    oam_profile.run(mm)\n\n"
+        "def test_mm(oam_profile):\n    oam_profile.run(mm)\n"))
+    run("--oam-save-baseline", "test_drop.py").assert_outcomes(passed=2)
+    pytester.makeconftest("import os\n\ndef pytest_collection_modifyitems(items):\n"
+                          "    if os.environ.get('NO_NPU'):\n"
+                          "        items[:] = [i for i in items if 'attn' not in i.nodeid]\n")
+    monkeypatch.setenv("NO_NPU", "1")
+    for args in (["--oam-save-baseline", "--oam-prune"], ["--oam-baseline"]):
+        result = run("test_drop.py", *args)
+        result.assert_outcomes(passed=1)
+        assert (pytester.path / "baselines" / baseline_filename("test_drop.py::test_attn")).is_file()
+        out = result.stdout.str()
+        assert "pruned" not in out and "test_attn" not in out, out  # nor reported as a baseline no test reads
+
+
 @pytest.mark.parametrize("existing", [
     ("tuned/knowledge_base.json", '{"schema_version": 1, "records": []}'),
     ("summary.md", "# Release notes\n"),
@@ -423,3 +443,47 @@ def test_a_simulator_module_in_a_test_folder_is_found_with_an_option_given(pytes
                                            "--oam-baseline")
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*oam: another module named 'simulator' *hides pytest-oam's simulator package*"])
+
+
+@pytest.mark.parametrize("xdist", [None, "2"], ids=["no-xdist", "xdist-n2"])
+def test_subtests_are_not_gated_one_by_one(pytester, monkeypatch, xdist) -> None:
+    # pytest's subtests make each subtest's call report with pytest_runtest_makereport while the
+    # test runs: the gate judged the runs made so far, so under --oam-strict the first subtest
+    # failed with missing-ops against the whole test's baseline, and a regression failed twice
+    pytester.makepyfile(test_sub=(
+        "import os\n\n"
+        "def mm(npu, n):\n    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))\n\n"
+        "def test_sub(oam_profile, subtests):\n"
+        "    for n in (256, 512):\n"
+        "        with subtests.test(n=n):\n"
+        "            oam_profile.run(mm, n, op_time_scale={'MatMul': float(os.environ.get('SLOW', '1'))})\n"))
+    args = ["-n", xdist] if xdist else []
+    pytester.runpytest_subprocess(*args, "--oam-baseline", "--oam-save-baseline", "--oam-strict")
+    assert len(baselines(pytester)) == 1  # before the fix: "baseline not written: a subtest failed"
+    result = pytester.runpytest_subprocess(*args, "--oam-baseline", "--oam-strict")
+    result.assert_outcomes(passed=1)  # before the fix: SUBFAILED(n=256) ... MISSING-OPS
+    assert "SUBFAILED" not in result.stdout.str()
+    monkeypatch.setenv("SLOW", "1.5")
+    result = pytester.runpytest_subprocess(*args, "--oam-baseline")
+    result.assert_outcomes(failed=1)  # before the fix: failed=2, the subtest that passed included
+    assert "SUBFAILED" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["oam: recorded 1 test in *"])
+
+
+@pytest.mark.parametrize("how", ["skip", "xfail"])
+@pytest.mark.parametrize("xdist", [None, "2"], ids=["no-xdist", "xdist-n2"])
+def test_strict_does_not_fail_a_test_that_skipped_itself_after_profiling(pytester, how, xdist) -> None:
+    # A test that skips or xfails itself is never saved, so --oam-strict failing it for want of a
+    # baseline left it red for good: --oam-save-baseline could not clear it
+    pytester.makepyfile(test_late=(
+        "import pytest\n\n"
+        "def mm(npu):\n    npu.matmul(npu.tensor((256, 256)), npu.tensor((256, 256)))\n\n"
+        "def test_late(oam_profile):\n"
+        "    oam_profile.run(mm)\n"
+        f"    pytest.{how}('not on this runner')\n"))
+    args = ["-n", xdist] if xdist else []
+    for extra in ([], ["--oam-save-baseline"]):
+        result = pytester.runpytest_subprocess(*args, "--oam-baseline", "--oam-strict", *extra)
+        result.assert_outcomes(**{"skipped" if how == "skip" else "xfailed": 1})  # before the fix: failed=1
+        assert baselines(pytester) == {}
+    result.stdout.fnmatch_lines(["*no-baseline test_late.py::test_late: no baseline, and none written*"])

@@ -155,7 +155,8 @@ def evaluate_gate(
         profiles: its runs, in order.
         baseline: its baseline file (``None``: none exists).
         rules: diagnosis rules by id (default: the built-in :data:`pytest_oam.rules.RULES`).
-        test_passed: whether the test body passed (a failing test's baseline is not saved).
+        test_passed: whether the test body passed (a failing test's baseline is not saved, and
+            ``strict`` / ``fail_on_improvement`` do not fail it).
         hardware: spec lookup by name for the rules (default: the bundled specs).
 
     Returns:
@@ -275,7 +276,8 @@ def evaluate_gate(
         notes.append("baseline not written: the run has fatal diagnosis findings")
     if status == GateStatus.NO_BASELINE:
         if not inputs.saving:
-            notes.append("no baseline: run with --oam-save-baseline to create one")
+            notes.append("no baseline: run with --oam-save-baseline to create one" if test_passed
+                         else "no baseline: --oam-save-baseline writes one only once the test passes")
         elif fatal:
             pass
         elif test_passed:
@@ -289,7 +291,11 @@ def evaluate_gate(
     path = inputs.baseline_path
     compared_nothing = (any(c.compared_nothing for c, *_ in parts) or (bool(n_base) and not profiles)
                         or bool(ran_nothing))
-    gate_failed = gate_fails(status, compared_nothing, inputs.strict, inputs.fail_on_improvement)
+    # --oam-strict and --oam-fail-on-improvement fail only a test whose own code passed: one that
+    # skipped itself, was an expected failure or failed is never saved, so failing it for a
+    # status only a save can clear (no baseline, a stale one) would leave it red for good
+    gate_failed = gate_fails(status, compared_nothing, inputs.strict and test_passed,
+                             inputs.fail_on_improvement and test_passed)
     failed = gate_failed or bool(fatal)
     report = GateReport(nodeid=inputs.nodeid, status=status, failed=failed, baseline_path=path,
                         message="; ".join(notes) or None, runs=runs, verdicts=verdicts, findings=findings,
