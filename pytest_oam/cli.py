@@ -597,6 +597,12 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     data = dump_chrome_trace(profile, name=str(args.profile)).encode("utf-8")
     atomic_write_bytes(args.output, gzip.compress(data, mtime=0) if args.output.suffix == ".gz" else data)
     _print(f"wrote {args.output}: {len(profile.ops)} ops; open it in https://ui.perfetto.dev")
+    if profile.op_summaries:  # a focused profile keeps only per-step sums of the other ops: no slices
+        left = sum(s.count for s in profile.op_summaries)
+        left_s = sum(s.duration_s for s in profile.op_summaries)
+        share = left_s / (left_s + sum(op.duration_s for op in profile.ops) or 1.0)
+        _print(f"note: a focused profile (focus {profile.focus!r}): {left:,} other ops ({share:.0%} of the op time) "
+               "are summarised per step and not in the trace; collect without --focus for the whole timeline")
     return EXIT_OK
 
 
@@ -668,9 +674,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("tune", None): _cmd_tune,
         ("calibrate", None): _cmd_calibrate,
     }[(args.command, getattr(args, "action", None))]
+    from simulator.allocator import (
+        OutOfMemoryError,  # a RuntimeError: a workload or shape the card cannot hold
+    )
+
     try:
         return handler(args)
-    except (BaselineError, ThresholdError, ValueError, OSError, ImportError) as exc:  # TuneError is a ValueError
+    except (BaselineError, ThresholdError, ValueError, OSError, ImportError, OutOfMemoryError) as exc:  # TuneError is a ValueError
         _print(f"oam {args.command}: error: {_one_line(exc)}", file=sys.stderr)  # one line, whatever the file held
         return EXIT_USAGE
 

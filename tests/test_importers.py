@@ -348,3 +348,26 @@ def test_peak_memory_keeps_its_stricter_limit_in_compare_profiles() -> None:
     assert limits["step"] == 0.10
     assert oam.compare_profiles(load_any(FOLDER1), load_any(FOLDER1), regression_threshold="1%").comparison \
         .verdicts[-1].limit_frac <= 0.01
+
+
+def test_trace_of_a_focused_profile_says_what_it_leaves_out(tmp_path, capsys) -> None:
+    import simulator
+    from pytest_oam.api import save_profile
+
+    def work(npu):
+        a = npu.tensor((2048, 2048))
+        for _ in range(3):
+            npu.matmul(a, a)
+        q = npu.tensor((1, 8, 1024, 128))
+        npu.flash_attention(q, q, q)
+
+    focused = simulator.run(work).focused("FlashAttention", context_ops=0)
+    save_profile(focused, tmp_path / "p.json")
+    assert main(["trace", str(tmp_path / "p.json"), "-o", str(tmp_path / "t.json")]) == 0
+    out = capsys.readouterr().out
+    # before the fix: only "wrote ...: 1 ops", the three MatMuls silently missing from the timeline
+    assert "note: a focused profile (focus 'FlashAttention'): 3 other ops (" in out
+    assert "collect without --focus for the whole timeline" in out
+    written = json.loads((tmp_path / "t.json").read_text())
+    assert written["otherData"]["summarised_ops"] == 3
+    assert sum(e["ph"] == "X" for e in written["traceEvents"]) == 1

@@ -146,3 +146,12 @@ def test_sweep_checks_before_running(tmp_path, capsys) -> None:
     assert main([*base, "--axis", "n=64,128", "--plot", str(tmp_path / "p.png")]) == 2
     assert (tmp_path / "p.png").read_bytes() == b"keep"
     assert parse_axis_values("512,128,256") == [128, 256, 512]  # sorted, so lines do not zig-zag
+
+
+def test_sweep_of_a_shape_the_card_cannot_hold_is_one_error_line(capsys) -> None:
+    # before the fix: a traceback ending in simulator.allocator.OutOfMemoryError (a RuntimeError)
+    code = main(["sweep", "MatMul", "--axis", "m=200000", "--axis", "k=200000", "--axis", "n=16"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("oam sweep: error: NPU out of memory") and err.count("\n") == 1
+    assert "shape [200000, 200000] fp16" in err and "Traceback" not in err

@@ -69,7 +69,9 @@ def to_chrome_trace(profile: Profile, name: str = "oam profile") -> dict[str, An
                            "args": {"reserved_peak_bytes": m.reserved_peak_bytes,
                                     "allocated_peak_bytes": m.allocated_peak_bytes}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"name": name, "simulator_version": profile.simulator_version, "steps": profile.steps}}
+            "otherData": {"name": name, "simulator_version": profile.simulator_version, "steps": profile.steps,
+                          # a focused profile: the ops of other types are per-step sums, not slices
+                          "focus": profile.focus, "summarised_ops": sum(s.count for s in profile.op_summaries)}}
 
 
 def dump_chrome_trace(profile: Profile, name: str = "oam profile") -> str:
