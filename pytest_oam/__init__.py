@@ -7,11 +7,13 @@ when the Python API (:mod:`pytest_oam.api`) is first used.
 
 __version__ = "0.1.0"
 
-_API = ("ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models", "load_any")
+_API = ("ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models", "load_any",
+        "save_profile", "load_profile")
 _TUNE = ("OptimizationTarget", "ParameterSpace", "auto_tune")
 _KNOWLEDGE_BASE = ("KnowledgeBase", "KnowledgeBaseError", "TunedGateFailure", "assert_near_tuned")
 __all__ = [  # noqa: RUF022 - the API first, then tuning, then the tuned-results knowledge base
     "ProfileBaseline", "collect_profile", "compare_profiles", "parse_hardware", "known_models", "load_any",
+    "save_profile", "load_profile",
     "OptimizationTarget", "ParameterSpace", "auto_tune",
     "KnowledgeBase", "KnowledgeBaseError", "TunedGateFailure", "assert_near_tuned",
 ]

@@ -310,3 +310,14 @@ def test_mm(oam_profile):
     with pytest.raises(ValueError, match="this baseline was saved by the pytest plugin for test_rec.py::test_mm: run "
                                          "that test to collect it again"):
         ProfileBaseline.load(baseline).collect()
+
+
+def test_every_name_of_the_package_api_is_there(tmp_path) -> None:
+    # Newcomer: docs/api.md names oam.save_profile and oam.load_profile; the package had neither
+    for name in oam.__all__:
+        assert callable(getattr(oam, name)), name
+    import simulator
+
+    profile = simulator.run(lambda npu: npu.matmul(npu.tensor((64, 64)), npu.tensor((64, 64))))
+    oam.save_profile(profile, tmp_path / "p.json")
+    assert oam.load_profile(tmp_path / "p.json").op_types == ["MatMul"]
