@@ -160,7 +160,9 @@ class OamSession:
             return  # a worker cannot end the session (see above): each test that uses us errors
         errors = {}
         for item in items:
-            if item.get_closest_marker("oam") is not None:
+            # a marker of a test that does not use the fixture is not ours to judge: it changes
+            # nothing here, and may be another suite's own "oam" marker
+            if item.get_closest_marker("oam") is not None and "oam_profile" in getattr(item, "fixturenames", ()):
                 try:
                     marker = marker_of(item)
                     if marker.devices is not None:  # a count HCCL does not support on that hardware's servers
@@ -179,8 +181,7 @@ class OamSession:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if item.nodeid in self.bad_markers:
             pytest.fail(self.bad_markers[item.nodeid], pytrace=False)
-        if self.settings_error is not None and ("oam_profile" in getattr(item, "fixturenames", ())
-                                                or item.get_closest_marker("oam") is not None):
+        if self.settings_error is not None and "oam_profile" in getattr(item, "fixturenames", ()):
             pytest.fail(f"oam: {self.settings_error}", pytrace=False)
 
     def settings_problem(self) -> str | None:
@@ -350,12 +351,14 @@ class OamSession:
         """The tuned check of the test's profiled calls (:func:`pytest_oam.gate.tuned.tuned_check`),
         failing ``report`` when a call is too slow: the gate result with the check in its report
         (for the summary and the reports), a new one (:meth:`GateResult.with_tuned`)."""
-        marker = marker_of(item).tuned if item.get_closest_marker("oam") is not None else {}
+        profiler = item.stash.get(PROFILER_KEY, None)
+        # a marker of a test that never used the fixture is not ours (see pytest_collection_modifyitems)
+        ours = profiler is not None or "oam_profile" in getattr(item, "fixturenames", ())
+        marker = marker_of(item).tuned if ours and item.get_closest_marker("oam") is not None else {}
         if not (marker or self.settings.cli_tuned_limits or self.settings.ini_tuned_limits):
             return result
         from .gate.tuned import tuned_check
 
-        profiler = item.stash.get(PROFILER_KEY, None)
         checked = tuned_check(
             profiler.profiles if profiler is not None else [],
             [c["arguments"] or None for c in profiler.run_configs] if profiler is not None else [],

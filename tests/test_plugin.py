@@ -182,10 +182,10 @@ def test_every_bad_marker_is_named_at_once(pytester) -> None:
 import pytest
 
 @pytest.mark.oam(treshold=1)
-def test_one(): pass
+def test_one(oam_profile): pass
 
 @pytest.mark.oam(devices=0)
-def test_two(): pass
+def test_two(oam_profile): pass
 """)
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -663,6 +663,23 @@ def test_skipped_test_is_not_saved_and_says_so(pytester) -> None:
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*no baseline, and none written: only tests that pass are saved*"])
     assert not (pytester.path / "baselines").exists()
+
+
+@pytest.mark.parametrize("xdist", [None, "2"], ids=["no-xdist", "xdist-n2"])
+@pytest.mark.parametrize("options", [(), ("--oam-baseline",)], ids=["no-option", "oam-option"])
+def test_a_suite_with_an_oam_marker_of_its_own_is_left_alone(pytester, xdist, options) -> None:
+    # Newcomer: a suite that does not use the plugin but has its own "oam" marker (OCP Accelerator
+    # Module tests) stopped with "2 bad @pytest.mark.oam markers" once pytest-oam was installed;
+    # a marker on a test without the oam_profile fixture changes nothing here
+    pytester.makeini("[pytest]\nmarkers =\n    oam: tests of OCP Accelerator Modules\n")
+    pytester.makepyfile(test_own=(
+        "import pytest\n\n"
+        "@pytest.mark.oam('nightly')\ndef test_a():\n    pass\n\n"
+        "@pytest.mark.oam(owner='ops')\ndef test_b():\n    pass\n"))
+    args = ["-n", xdist] if xdist else []
+    result = pytester.runpytest_subprocess(*args, "--strict-markers", *options)
+    result.assert_outcomes(passed=2)
+    assert "bad @pytest.mark.oam" not in result.stdout.str() + result.stderr.str()
 
 
 def test_disabled_plugin_keeps_the_marker_known(pytester) -> None:
