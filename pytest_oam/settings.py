@@ -282,6 +282,9 @@ def settings_from_config(config: pytest.Config) -> OamSettings:
             raise usage_error(f"--oam-report: {report} is a folder; give a file path such as oam.json")
         if report.suffix.lower() not in REPORT_FORMATS:
             raise usage_error(f"--oam-report: {report} must end in {' or '.join(REPORT_FORMATS)}")
+        blocked = next((p for p in report.parents if p.exists() and not p.is_dir()), None)
+        if blocked is not None:  # else found only when the run ends, after every test
+            raise usage_error(f"--oam-report: {report} cannot be written: {blocked} is a file, not a folder")
     if any(r.suffix.lower() == ".html" for r in reports):
         _check_matplotlib()
     for report in reports:

@@ -682,6 +682,28 @@ def test_a_suite_with_an_oam_marker_of_its_own_is_left_alone(pytester, xdist, op
     assert "bad @pytest.mark.oam" not in result.stdout.str() + result.stderr.str()
 
 
+@pytest.mark.parametrize("xdist", [None, "2"], ids=["no-xdist", "xdist-n2"])
+def test_a_workload_that_ran_nothing_says_why_no_baseline_was_written(pytester, xdist) -> None:
+    # Newcomer: --oam-save-baseline wrote nothing for it and said nothing
+    pytester.makepyfile(test_e="def test_empty(oam_profile):\n    oam_profile.run(lambda npu: None)\n")
+    args = ["-n", xdist] if xdist else []
+    result = pytester.runpytest_subprocess(*args, "--oam-save-baseline")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([("oam: not-gated test_e.py::test_empty: baseline not written: run 1 of 1 ran no "
+                                  "operator, so there is nothing to compare a later run with")])
+    assert not (pytester.path / "baselines").exists()
+
+
+def test_a_report_under_a_file_is_a_usage_error_at_start(pytester) -> None:
+    # Newcomer: found only when the run ended, after every test, as exit 1
+    make_test(pytester)
+    (pytester.path / "out").write_text("a file", encoding="utf-8")
+    result = pytester.runpytest("--oam-report=out/r.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--oam-report: *out/r.json cannot be written: *out is a file, not a folder"])
+    assert "passed" not in result.stdout.str()
+
+
 def test_disabled_plugin_keeps_the_marker_known(pytester) -> None:
     pytester.makepyfile(test_m="import pytest\n\n@pytest.mark.oam(devices=8)\ndef test_m():\n    pass\n")
     pytester.makepyprojecttoml('[tool.pytest.ini_options]\nmarkers = ["oam: perf gate settings"]\n')

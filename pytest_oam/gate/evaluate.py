@@ -284,6 +284,10 @@ def evaluate_gate(
             notes.append("no baseline yet: written by --oam-save-baseline")
         else:
             notes.append("no baseline, and none written: only tests that pass are saved")
+    if inputs.saving and empty and not fatal:
+        which = ", ".join(str(i + 1) for i in sorted(empty))
+        notes.append(f"baseline not written: run{'s' if len(empty) > 1 else ''} {which} of {len(profiles)} ran no "
+                     "operator, so there is nothing to compare a later run with")
     unmatched = [p for p in inputs.marker_thresholds if not any(fnmatchcase(o, p) for o in op_types)]
     if unmatched:
         notes.append("@pytest.mark.oam thresholds match no op type of this test: " + ", ".join(unmatched)
