@@ -267,11 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read every rank's step split (msprof-analyze's cluster_step_trace_time.csv, a folder holding "
                     "it, or a folder of torch_npu rank folders *_ascend_pt) and print the per-rank table, the "
                     "pipeline stage with the bubble and the slow ranks with why; exit 1 when a rank is slower than "
-                    "its stage's median by more than the threshold.")
+                    "the median of the other ranks of its stage by more than the threshold.")
     cluster.add_argument("path", type=Path, metavar="PATH",
                          help="cluster_step_trace_time.csv, or a folder with it or with rank folders")
     cluster.add_argument("--threshold", default="10%", metavar="LIMIT",
-                         help="how far over its stage's median a rank's computing, communication, free or step time "
+                         help="how far over the median of the others of its stage a rank's computing, communication, free or step time "
                               "may be, as a share of the stage's median step (default: %(default)s)")
     _format_option(cluster)
 

@@ -67,7 +67,7 @@ def cluster_text(analysis: ClusterAnalysis, fmt: str = "simple") -> str:
                      fmt_ms(t.overlapped_s, 1), fmt_ms(t.free_s, 1), fmt_ms(t.step_s, 1), over,
                      "SLOW: " + ", ".join(CAUSES[c][0] for c in v.slow_causes) if v.slow else ""])
     headers = [*(["step"] if several_steps else []), "rank", "stage", "computing", "comm. exposed", "bubble",
-               "overlapped", "free", "step", "most over stage median (of step)", "verdict"]
+               "overlapped", "free", "step", "most over the others' median (of step)", "verdict"]
     ranks = sorted({v.step.rank for v in analysis.verdicts})
     stages = len({s.index for s in analysis.stages})
     lines = [(f"{table_cell(analysis.trace.path, fmt)}: {len(ranks)} rank{'s' if len(ranks) > 1 else ''}, {stages} "
@@ -88,11 +88,11 @@ def cluster_text(analysis: ClusterAnalysis, fmt: str = "simple") -> str:
     limit = fmt_percent(analysis.threshold_frac, None)
     slow = [v for v in analysis.verdicts if v.slow]
     if not slow:
-        lines.append(f"slow ranks: none (no rank more than {limit} of its stage's median step over the stage's median)")
+        lines.append(f"slow ranks: none (no rank more than {limit} of its stage's median step over the median of the others of its stage)")
     for v in slow:
         stage = stage_of[(v.step.step_id, v.stage)]
         why = "; ".join(
-            f"{CAUSES[c][0]} +{fmt_ms(v.excess_s[c], 1)} over the stage's median {fmt_ms(stage.median_s[c], 1)} "
+            f"{CAUSES[c][0]} +{fmt_ms(v.excess_s[c], 1)} over the others' median {fmt_ms(v.others_median_s(c), 1)} "
             f"({fmt_percent(v.excess_s[c] / stage.median_step_s, 1)} of its {fmt_ms(stage.median_step_s, 1)} step)"
             for c in v.slow_causes)
         lines.append(f"SLOW rank {v.step.rank} ({_stage_name(stage)}{f', step {v.step.step_id}' if several_steps else ''}"
@@ -102,7 +102,7 @@ def cluster_text(analysis: ClusterAnalysis, fmt: str = "simple") -> str:
 
 def cluster_json(analysis: ClusterAnalysis) -> str:
     """The analysis as JSON (seconds, fractions): ``slow_ranks`` (rank numbers), ``ranks`` (each
-    rank's figures per step, its stage, its excess over the stage's medians and why it is slow),
+    rank's figures per step, its stage, its excess over the medians of the others of its stage and why it is slow),
     ``stages``, ``bubble_stage`` (a stage index or ``null``)."""
     bubble = analysis.bubble_stage
     data = {

@@ -68,19 +68,19 @@ def test_a_rank_with_doubled_free_time_is_named_slow_for_its_host(tmp_path, caps
     path = doubled_free(tmp_path)
     assert main(["cluster", str(path)]) == 1
     out = capsys.readouterr().out
-    # rank 13's Free 92698.58 us doubled is 185397.16 us; stage 1's median Free is still
-    # (83428.83 + 87659.93) / 2 = 85544.38 us: +99852.78 us, 26.2% of the stage's median step of 380.7 ms
-    assert ("SLOW rank 13 (stage 1 (ranks 8-15)): free/host time +99.9 ms over the stage's median 85.5 ms "
-            "(26.2% of its 380.7 ms step): this rank's device idles longer: its host is slower") in out
+    # rank 13's Free 92698.58 us doubled is 185397.16 us; the median Free of the 7 others of stage 1
+    # is their 4th, 83428.83 us: +101968.33 us, 26.8% of the stage's median step of 380.7 ms
+    assert ("SLOW rank 13 (stage 1 (ranks 8-15)): free/host time +102.0 ms over the others' median 83.4 ms "
+            "(26.8% of its 380.7 ms step): this rank's device idles longer: its host is slower") in out
     assert out.count("SLOW") == 2  # its table row and its line
     assert main(["cluster", str(path), "--format", "json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["slow_ranks"] == [13] and data["bubble_stage"] == 1
     rank13 = next(r for r in data["ranks"] if r["rank"] == 13)
-    assert rank13["why"] == ["free"] and rank13["excess_s"]["free"] == pytest.approx(0.09985278, abs=1e-8)
+    assert rank13["why"] == ["free"] and rank13["excess_s"]["free"] == pytest.approx(0.10196833, abs=1e-8)
     assert rank13["free_s"] == pytest.approx(0.18539716, abs=1e-8) and rank13["stage"] == 1
     assert {r["rank"] for r in data["ranks"]} == set(range(16))
-    assert main(["cluster", str(path), "--threshold", "30%"]) == 0  # 26.2% is within 30%
+    assert main(["cluster", str(path), "--threshold", "30%"]) == 0  # 26.8% is within 30%
     assert "slow ranks: none" in capsys.readouterr().out
 
 
@@ -216,3 +216,22 @@ def test_a_rank_waiting_for_a_slow_one_is_not_named(tmp_path) -> None:
         table.append([row[h] for h in header])
     analysis = cluster_analysis(write(tmp_path / "cluster_step_trace_time.csv", table), 0.10)
     assert analysis.slow_ranks == [0]
+
+
+def test_of_two_ranks_the_slow_one_is_measured_against_the_other(tmp_path) -> None:
+    """Newcomer: of two ranks the stage's median is their midpoint, so a rank 15 ms slower in its
+    host time than the other showed +7.5 ms, under the 10% limit of a 100 ms step: not named.
+    Against the other rank it is +15 ms, what the other waits for it each step."""
+    header = rows()[0]
+    table = [header]
+    for rank, free_us in ((0, 5_000.0), (1, 20_000.0)):
+        row = dict.fromkeys(header, "0")
+        row.update({"Step": "1", "Type": "rank", "Index": str(rank), "Computing": "80000.0",
+                    "Communication(Not Overlapped)": "10000.0", "Communication": "10000.0", "Free": repr(free_us),
+                    "Stage": repr(90_000.0 + free_us), "Bubble": "0.0",
+                    "Communication(Not Overlapped and Exclude Receive)": "10000.0"})
+        table.append([row[h] for h in header])
+    analysis = cluster_analysis(write(tmp_path / "cluster_step_trace_time.csv", table), 0.10)
+    assert analysis.slow_ranks == [1]
+    slow = next(v for v in analysis.verdicts if v.slow)
+    assert slow.excess_s["free"] == pytest.approx(0.015) and slow.others_median_s("free") == pytest.approx(0.005)

@@ -12,9 +12,11 @@ receive time differs by more than the threshold (a share of the step) are in dif
 
 A rank is slow, in one step, when its computing, its exposed communication without the
 pipeline's receives (``Communication(Not Overlapped)`` - ``Bubble``; waiting for another stage is
-not this rank's slowness) or its free time exceeds the median of its stage by more than
-``threshold_frac`` of the stage's median step time, or when its whole step does. The time over
-the median is what the rank costs the others: in a synchronous job they wait that long for it.
+not this rank's slowness) or its free time exceeds the median of the other ranks of its stage
+by more than ``threshold_frac`` of the stage's median step time, or when its whole step does
+(the others' median, not the stage's: of two ranks the stage's median is their midpoint, half
+a slow rank's lead). The time over it is what the rank costs the others: in a synchronous job
+they wait that long for it.
 A stage of one rank has nothing to compare with.
 """
 
@@ -56,8 +58,9 @@ def _part_s(step: RankStep, cause: str) -> float:
 
 @dataclass(frozen=True)
 class RankVerdict:
-    """One rank in one step: its figures, its stage, and by how much it exceeds its stage's
-    medians (``excess_s``: per cause of :data:`CAUSES` and ``step``, seconds; negative below)."""
+    """One rank in one step: its figures, its stage, and by how much it exceeds the medians of
+    the other ranks of its stage (``excess_s``: per cause of :data:`CAUSES` and ``step``, seconds;
+    negative below)."""
 
     step: RankStep
     stage: int
@@ -67,6 +70,10 @@ class RankVerdict:
     @property
     def slow(self) -> bool:
         return bool(self.slow_causes)
+
+    def others_median_s(self, cause: str) -> float:
+        """The median of ``cause`` (of :data:`CAUSES`) over the other ranks of the stage, seconds."""
+        return _part_s(self.step, cause) - self.excess_s[cause]
 
 
 @dataclass(frozen=True)
@@ -157,8 +164,12 @@ def analyze_cluster(trace: ClusterTrace, threshold_frac: float) -> ClusterAnalys
             limit_s = threshold_frac * median_step_s
             excesses = {}
             for m in members:
-                excess = {cause: _part_s(m, cause) - median_s[cause] for cause in CAUSES}
-                excess["step"] = m.trace.step_s - median_step_s
+                # against the others of its stage, not a median it is part of: of two ranks the
+                # median is their midpoint, which halved a slow rank's lead (and missed it)
+                others = [o for o in members if o is not m] or [m]
+                excess = {cause: _part_s(m, cause) - statistics.median(_part_s(o, cause) for o in others)
+                          for cause in CAUSES}
+                excess["step"] = m.trace.step_s - statistics.median(o.trace.step_s for o in others)
                 excesses[m.rank] = excess
             # a rank slow by its own work (computing, host) makes the others of its group wait in
             # their collectives: their longer communication is that wait, not a slowness of theirs
