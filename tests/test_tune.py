@@ -126,6 +126,7 @@ def test_bad_input_before_any_evaluation(make, message) -> None:
     [
         ({"hardware": "gpu"}, "unknown hardware 'gpu'"),
         ({"devices": 0}, "devices must be a positive integer"),
+        ({"devices": 3}, "devices: .*3"),  # newcomer: every configuration was listed as infeasible
         ({"steps": -3}, "steps must be a positive integer"),
         ({"seed": -1}, "seed must be a non-negative integer"),
         ({"block_size": 128}, "'block_size' is both a fixed argument and a parameter"),

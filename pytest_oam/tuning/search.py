@@ -454,7 +454,7 @@ def auto_tune(
             infeasible).
         ImportError: Optuna is not installed and the space must be searched.
     """
-    from simulator.hardware import list_hardware
+    from simulator.hardware import list_hardware, load_hardware
 
     if not isinstance(target, OptimizationTarget):
         raise TuneError(f"target must be an OptimizationTarget, got {target!r}")
@@ -478,6 +478,10 @@ def auto_tune(
     for name, value in (("devices", devices), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise TuneError(f"{name} must be a positive integer, got {value!r}")
+    try:  # before the search: otherwise every configuration is listed as infeasible
+        load_hardware(hardware).interconnect.check_device_count(devices, hardware)
+    except ValueError as exc:
+        raise TuneError(f"devices: {exc}") from None
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise TuneError(f"seed must be a non-negative integer, got {seed!r}")
     if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or max_iterations < 1:
