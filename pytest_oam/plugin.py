@@ -205,21 +205,6 @@ class _Dormant:
             activate(self.config).pytest_runtest_logreport(report)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The tests collection found, before a conftest or plugin drops some from the list (a
-    # conftest's ``items[:] = [...]`` says nothing to pytest_deselected): --oam-prune must not
-    # take their baselines for those of deleted tests. An xdist worker passes them on.
-    if config.stash.get(OAM_SESSION_KEY, None) is None:
-        return  # no --oam-* option given: nothing to prune, and a suite that does not use us pays nothing
-    from .prune import EXISTING_TESTS_KEY
-
-    ids = [item.nodeid for item in items]
-    config.stash[EXISTING_TESTS_KEY] = set(ids)
-    if hasattr(config, "workeroutput"):
-        config.workeroutput["oam_existing"] = ids
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_DOC)

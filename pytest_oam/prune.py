@@ -7,10 +7,6 @@ from pathlib import Path
 
 import pytest
 
-#: Test ids as collected, before any plugin or conftest dropped some (pytest_oam.plugin's
-#: pytest_collection_modifyitems): they exist, so their baselines are not stale.
-EXISTING_TESTS_KEY = pytest.StashKey[set]()
-
 
 def function_id(nodeid: str) -> str:
     """A test id without its parameters: ``f.py::C::test_x[1-a]`` -> ``f.py::C::test_x``."""

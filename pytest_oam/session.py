@@ -22,7 +22,7 @@ from .gate.evaluate import GateInputs
 from .judge.status import GateStatus
 from .markers import marker_of
 from .profiler import PROFILER_KEY, OamProfiler
-from .prune import EXISTING_TESTS_KEY, prune_refusal, stale_baselines
+from .prune import prune_refusal, stale_baselines
 from .settings import (
     OamSettings,
     check_devices,
@@ -61,7 +61,8 @@ class OamSession:
         self.pruned: list[str] = []
         self.unused_baselines: list[str] = []  # gate mode, full run: files no collected test reads
         self.collected: set[str] = set()
-        #: Workers' test ids before a conftest or plugin dropped some (the controller's own: in the stash).
+        #: Test ids as collection found them, before any hook dropped some from the list (a
+        #: conftest's ``items[:] = [...]`` says nothing to pytest_deselected); a worker's passed on.
         self.existing: set[str] = set()
         self.order: dict[str, int] = {}  # test id -> collection position, for reports in test order
         self.pending_saves: dict[str, BaselineFile] = {}
@@ -102,8 +103,13 @@ class OamSession:
 
     # -- collection: validate markers before any test runs --------------------------------------
 
+    def pytest_itemcollected(self, item: pytest.Item) -> None:
+        self.existing.add(item.nodeid)  # before every pytest_collection_modifyitems, tryfirst or wrapper
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.note_collected(item.nodeid for item in session.items)
+        if self.is_worker:
+            self.config.workeroutput["oam_existing"] = sorted(self.existing)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, ids: list[str]) -> None:
@@ -163,19 +169,26 @@ class OamSession:
             # a marker of a test that does not use the fixture is not ours to judge: it changes
             # nothing here, and may be another suite's own "oam" marker
             if item.get_closest_marker("oam") is not None and "oam_profile" in getattr(item, "fixturenames", ()):
-                try:
-                    marker = marker_of(item)
-                    if marker.devices is not None:  # a count HCCL does not support on that hardware's servers
-                        check_devices(marker.devices, marker.hardware or self.settings.hardware,
-                                       f"{item.nodeid}: @pytest.mark.oam")
-                except pytest.UsageError as exc:
-                    errors[item.nodeid] = str(exc)
+                problem = self.marker_problem(item)
+                if problem is not None:
+                    errors[item.nodeid] = problem
         if self.is_worker:
             self.bad_markers = errors
         elif len(errors) == 1:
             raise pytest.UsageError(next(iter(errors.values())))
         elif errors:
             raise pytest.UsageError(f"{len(errors)} bad @pytest.mark.oam markers:\n" + "\n".join(errors.values()))
+
+    def marker_problem(self, item: pytest.Item) -> str | None:
+        """What is wrong with the test's ``@pytest.mark.oam`` markers (``None``: nothing)."""
+        try:
+            marker = marker_of(item)
+            if marker.devices is not None:  # a count HCCL does not support on that hardware's servers
+                check_devices(marker.devices, marker.hardware or self.settings.hardware,
+                              f"{item.nodeid}: @pytest.mark.oam")
+        except pytest.UsageError as exc:
+            return str(exc)
+        return None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -226,6 +239,9 @@ class OamSession:
                     if self.settings.save_dir is None:
                         raise
                     error = str(exc)  # the user asked to rewrite it; reported, then replaced
+        problem = self.marker_problem(item)  # not checked at collection: request.getfixturevalue("oam_profile")
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
         profiler = OamProfiler(item, self.settings, marker_of(item), baseline, path)
         profiler.baseline_error = error
         item.stash[PROFILER_KEY] = profiler
@@ -539,7 +555,7 @@ class OamSession:
     def existing_tests(self) -> set[str]:
         """Every test id this run's collection found, those a conftest or plugin then dropped
         from the run included (they exist: their baselines are not stale)."""
-        return self.collected | self.existing | self.config.stash.get(EXISTING_TESTS_KEY, set())
+        return self.collected | self.existing
 
     def _prune(self, session: pytest.Session) -> None:
         """Delete baselines of tests that are provably gone (see :func:`pytest_oam.prune.stale_baselines`)."""

@@ -184,7 +184,8 @@ def test_prune_deletes_only_what_is_provably_gone(run, pytester, monkeypatch) ->
         assert f"({nodeid})" in out.split("--oam-prune kept")[1]
 
 
-def test_prune_keeps_baselines_of_tests_a_conftest_drops(run, pytester, monkeypatch) -> None:
+@pytest.mark.parametrize("order", ["", "@pytest.hookimpl(tryfirst=True)\n"], ids=["plain", "tryfirst"])
+def test_prune_keeps_baselines_of_tests_a_conftest_drops(run, pytester, monkeypatch, order) -> None:
     # Newcomer: a conftest that drops tests from the list (items[:] = ..., which pytest_deselected
     # never hears of) made the next --oam-prune delete their baselines, though the tests exist
     pytester.makepyfile(test_drop=(
@@ -192,7 +193,7 @@ def test_prune_keeps_baselines_of_tests_a_conftest_drops(run, pytester, monkeypa
         "def test_attn(oam_profile):\n    oam_profile.run(mm)\n\n"
         "def test_mm(oam_profile):\n    oam_profile.run(mm)\n"))
     run("--oam-save-baseline", "test_drop.py").assert_outcomes(passed=2)
-    pytester.makeconftest("import os\n\ndef pytest_collection_modifyitems(items):\n"
+    pytester.makeconftest(f"import os\nimport pytest\n\n{order}def pytest_collection_modifyitems(items):\n"
                           "    if os.environ.get('NO_NPU'):\n"
                           "        items[:] = [i for i in items if 'attn' not in i.nodeid]\n")
     monkeypatch.setenv("NO_NPU", "1")

@@ -839,3 +839,19 @@ def test_ag(oam_profile):
     result = pytester.runpytest("--oam-baseline")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*AllGather*REGRESSED*"])
+
+
+def test_a_bad_marker_of_a_test_that_asks_for_the_fixture_later_is_one_line(pytester) -> None:
+    # request.getfixturevalue("oam_profile"): not in the test's fixturenames, so not checked at
+    # collection; before the fix each test failed with the UsageError's or HCCL's whole traceback
+    pytester.makepyfile(test_g=(
+        "import pytest\n\n"
+        "def mm(npu):\n    npu.matmul(npu.tensor((64, 64)), npu.tensor((64, 64)))\n\n"
+        "@pytest.mark.oam(treshold=1)\ndef test_kw(request):\n    request.getfixturevalue('oam_profile').run(mm)\n\n"
+        "@pytest.mark.oam(devices=3)\ndef test_dev(request):\n    request.getfixturevalue('oam_profile').run(mm)\n"))
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=2)  # asked for in the test's call
+    out = result.stdout.str()
+    assert "Traceback" not in out and "raise " not in out, out
+    result.stdout.fnmatch_lines(["*test_kw: @pytest.mark.oam: unknown keyword 'treshold'*",
+                                 "*devices=3*"])
