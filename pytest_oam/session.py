@@ -33,6 +33,12 @@ from .settings import (
     usage_error,
 )
 
+def uses_oam_profile(item: pytest.Item) -> bool:
+    """Whether the test asks for the ``oam_profile`` fixture in its signature (or a fixture's):
+    only such a test's ``@pytest.mark.oam`` is ours (another suite may have an ``oam`` marker)."""
+    return "oam_profile" in getattr(item, "fixturenames", ())
+
+
 #: Set on an item while its test function runs (pytest_runtest_call).
 _IN_CALL = pytest.StashKey[bool]()
 
@@ -168,7 +174,7 @@ class OamSession:
         for item in items:
             # a marker of a test that does not use the fixture is not ours to judge: it changes
             # nothing here, and may be another suite's own "oam" marker
-            if item.get_closest_marker("oam") is not None and "oam_profile" in getattr(item, "fixturenames", ()):
+            if item.get_closest_marker("oam") is not None and uses_oam_profile(item):
                 problem = self.marker_problem(item)
                 if problem is not None:
                     errors[item.nodeid] = problem
@@ -194,7 +200,7 @@ class OamSession:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if item.nodeid in self.bad_markers:
             pytest.fail(self.bad_markers[item.nodeid], pytrace=False)
-        if self.settings_error is not None and "oam_profile" in getattr(item, "fixturenames", ()):
+        if self.settings_error is not None and uses_oam_profile(item):
             pytest.fail(f"oam: {self.settings_error}", pytrace=False)
 
     def settings_problem(self) -> str | None:
@@ -369,7 +375,7 @@ class OamSession:
         (for the summary and the reports), a new one (:meth:`GateResult.with_tuned`)."""
         profiler = item.stash.get(PROFILER_KEY, None)
         # a marker of a test that never used the fixture is not ours (see pytest_collection_modifyitems)
-        ours = profiler is not None or "oam_profile" in getattr(item, "fixturenames", ())
+        ours = profiler is not None or uses_oam_profile(item)
         marker = marker_of(item).tuned if ours and item.get_closest_marker("oam") is not None else {}
         if not (marker or self.settings.cli_tuned_limits or self.settings.ini_tuned_limits):
             return result

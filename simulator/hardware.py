@@ -287,7 +287,7 @@ class CalibrationSpec(_Group):
 
     Files written by earlier versions of oam calibrate named the host interval ``host_dispatch_s_before`` /
     ``host_dispatch_s_fitted`` and wrote the fitted value into ``launch.host_dispatch_s``; they are
-    read as this version writes them (:meth:`HardwareSpec._read_files_of_earlier_calibrations`):
+    read as this version writes them (:meth:`HardwareSpec._undo_launch_host_of_earlier_calibrations`):
     the fitted value as ``profiled_host_dispatch_s_fitted`` and ``profiler.profiled_host_dispatch_s``,
     ``profiled_host_dispatch_s_before`` None, and ``launch.host_dispatch_s`` the base's value the
     file recorded as ``host_dispatch_s_before``.
@@ -359,7 +359,7 @@ class HardwareSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _read_files_of_earlier_calibrations(cls, data: object) -> object:
+    def _undo_launch_host_of_earlier_calibrations(cls, data: object) -> object:
         """Undo what an earlier oam calibrate wrote into ``launch`` (see :class:`CalibrationSpec`):
         its fitted host interval, measured under the profiler, made every unprofiled run of the
         spec host-bound. The file recorded the base's value beside it."""

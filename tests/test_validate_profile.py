@@ -233,7 +233,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     trace = next((DATA / "hta-critical-path-alexnet-run1").glob("*trace.json.gz"))
     assert main(["validate", "--profile", str(trace)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "line 1: no column names: not a torch_npu kernel_details.csv" in err
+    assert err.count("\n") == 1 and "holds JSON, not CSV: not a torch_npu kernel_details.csv" in err
+    # the same as written with an indent (review: the first line is "{", which read as one column)
+    pretty = tmp_path / "trace.json"
+    pretty.write_text(json.dumps({"traceEvents": [{"ph": "X", "name": "k"}]}, indent=2), encoding="utf-8")
+    assert main(["validate", "--profile", str(pretty)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds JSON, not CSV: not a torch_npu kernel_details.csv" in err
+    blank = tmp_path / "blank" / "kernel_details.csv"
+    blank.parent.mkdir()
+    blank.write_text("\nName,Type\n", encoding="utf-8")
+    assert main(["validate", "--profile", str(blank)]) == 2
+    assert "line 1: no column names: not a torch_npu kernel_details.csv" in capsys.readouterr().err
     assert main(["validate", "--profile", str(LLM_CSV), "--max-error", "abc"]) == 2
     assert "--max-error" in capsys.readouterr().err
     assert main(["validate", "--profile", str(LLM_CSV), "--hardware", "nope"]) == 2  # not a bundled spec

@@ -84,7 +84,10 @@ def csv_rows(path: Path, text: str, kind: str) -> tuple[list[str], list[tuple[in
         header = [h.strip() for h in (reader.fieldnames or [])]
     except csv.Error as exc:
         raise ImportError_(f"{path}: line 1: not a valid CSV header ({exc}); expected {kind}") from None
-    if not any(header):  # a blank first line, or a JSON trace whose first line is "{"-less text
+    first = text.lstrip()[:1]
+    if first in ("{", "["):  # a JSON trace (Kineto, trace_view.json) or another JSON file
+        raise ImportError_(f"{path}: holds JSON, not CSV: not {kind}")
+    if not any(header):  # a blank first line
         raise ImportError_(f"{path}: line 1: no column names: not {kind}")
     repeated = sorted({h for h in header if h and header.count(h) > 1})
     if repeated:

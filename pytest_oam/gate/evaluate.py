@@ -277,7 +277,7 @@ def evaluate_gate(
     if status == GateStatus.NO_BASELINE:
         if not inputs.saving:
             notes.append("no baseline: run with --oam-save-baseline to create one" if test_passed
-                         else "no baseline: --oam-save-baseline writes one only once the test passes")
+                         else "no baseline: only tests that pass are saved")
         elif fatal:
             pass
         elif test_passed:
