@@ -33,6 +33,7 @@ from .settings import (
     usage_error,
 )
 
+
 def uses_oam_profile(item: pytest.Item) -> bool:
     """Whether the test asks for the ``oam_profile`` fixture in its signature (or a fixture's):
     only such a test's ``@pytest.mark.oam`` is ours (another suite may have an ``oam`` marker)."""
