@@ -78,3 +78,19 @@ def marker_of(item: pytest.Item) -> MarkerSettings:
     if cached is None or cached[0] != key:
         cached = item.stash[MARKER_KEY] = (key, marker_settings(item))
     return cached[1]
+
+
+def marker_is_ours(item: pytest.Item) -> bool:
+    """Whether ``item``'s ``@pytest.mark.oam`` markers are pytest-oam's: the test uses the
+    ``oam_profile`` fixture, or they parse as ours (:func:`marker_of`). Another suite's own
+    ``oam`` marker (``@pytest.mark.oam("nightly")``, ``owner=...``) on a test without the
+    fixture is not, and is left alone."""
+    if "oam_profile" in getattr(item, "fixturenames", ()):
+        return True
+    if item.get_closest_marker("oam") is None:
+        return False
+    try:
+        marker_of(item)
+    except pytest.UsageError:
+        return False
+    return True

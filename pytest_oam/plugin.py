@@ -191,7 +191,8 @@ class _Dormant:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         self.items = items
-        if any("oam_profile" in getattr(item, "fixturenames", ()) for item in items):
+        if any("oam_profile" in getattr(item, "fixturenames", ()) for item in items) or any(
+                item.get_closest_marker("oam") is not None and _marker_is_ours(item) for item in items):
             session = activate(config)
             session.pytest_collection_modifyitems(items)  # this hook call started before it existed
 
@@ -203,6 +204,12 @@ class _Dormant:
         # the controller under xdist: a worker gated a test, so the results need a session here
         if hasattr(report, "oam_gate"):
             activate(self.config).pytest_runtest_logreport(report)
+
+
+def _marker_is_ours(item: pytest.Item) -> bool:
+    from .markers import marker_is_ours  # only a suite with an oam marker pays for the import
+
+    return marker_is_ours(item)
 
 
 @pytest.hookimpl(trylast=True)

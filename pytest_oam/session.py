@@ -20,7 +20,7 @@ import pytest
 
 from .gate.evaluate import GateInputs
 from .judge.status import GateStatus
-from .markers import marker_of
+from .markers import marker_is_ours, marker_of
 from .profiler import PROFILER_KEY, OamProfiler
 from .prune import prune_refusal, stale_baselines
 from .settings import (
@@ -375,9 +375,10 @@ class OamSession:
         failing ``report`` when a call is too slow: the gate result with the check in its report
         (for the summary and the reports), a new one (:meth:`GateResult.with_tuned`)."""
         profiler = item.stash.get(PROFILER_KEY, None)
-        # a marker of a test that never used the fixture is not ours (see pytest_collection_modifyitems)
-        ours = profiler is not None or uses_oam_profile(item)
-        marker = marker_of(item).tuned if ours and item.get_closest_marker("oam") is not None else {}
+        # a tuned marker on a test that never profiled fails it (a forgotten fixture); another
+        # suite's own oam marker, which does not parse as ours, is left alone
+        ours = item.get_closest_marker("oam") is not None and (profiler is not None or marker_is_ours(item))
+        marker = marker_of(item).tuned if ours else {}
         if not (marker or self.settings.cli_tuned_limits or self.settings.ini_tuned_limits):
             return result
         from .gate.tuned import tuned_check
