@@ -80,12 +80,17 @@ def marker_of(item: pytest.Item) -> MarkerSettings:
     return cached[1]
 
 
+def uses_oam_profile(item: pytest.Item) -> bool:
+    """Whether the test asks for the ``oam_profile`` fixture in its signature (or a fixture's)."""
+    return "oam_profile" in getattr(item, "fixturenames", ())
+
+
 def marker_is_ours(item: pytest.Item) -> bool:
     """Whether ``item``'s ``@pytest.mark.oam`` markers are pytest-oam's: the test uses the
     ``oam_profile`` fixture, or they parse as ours (:func:`marker_of`). Another suite's own
     ``oam`` marker (``@pytest.mark.oam("nightly")``, ``owner=...``) on a test without the
     fixture is not, and is left alone."""
-    if "oam_profile" in getattr(item, "fixturenames", ()):
+    if uses_oam_profile(item):
         return True
     if item.get_closest_marker("oam") is None:
         return False

@@ -20,7 +20,7 @@ import pytest
 
 from .gate.evaluate import GateInputs
 from .judge.status import GateStatus
-from .markers import marker_is_ours, marker_of
+from .markers import marker_is_ours, marker_of, uses_oam_profile
 from .profiler import PROFILER_KEY, OamProfiler
 from .prune import prune_refusal, stale_baselines
 from .settings import (
@@ -32,13 +32,6 @@ from .settings import (
     simulator_clash,
     usage_error,
 )
-
-
-def uses_oam_profile(item: pytest.Item) -> bool:
-    """Whether the test asks for the ``oam_profile`` fixture in its signature (or a fixture's):
-    only such a test's ``@pytest.mark.oam`` is ours (another suite may have an ``oam`` marker)."""
-    return "oam_profile" in getattr(item, "fixturenames", ())
-
 
 #: Set on an item while its test function runs (pytest_runtest_call).
 _IN_CALL = pytest.StashKey[bool]()
