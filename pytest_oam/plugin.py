@@ -191,8 +191,8 @@ class _Dormant:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         self.items = items
-        if any("oam_profile" in getattr(item, "fixturenames", ()) for item in items) or any(
-                item.get_closest_marker("oam") is not None and _marker_is_ours(item) for item in items):
+        if any("oam_profile" in getattr(item, "fixturenames", ())
+               or (item.get_closest_marker("oam") is not None and _marker_is_ours(item)) for item in items):
             session = activate(config)
             session.pytest_collection_modifyitems(items)  # this hook call started before it existed
 

@@ -290,8 +290,7 @@ class OamSession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
         report = yield
-        if (self.unusable() or getattr(report, "context", None) is not None
-                or (report.when == "call" and item.stash.get(_IN_CALL, False))):
+        if self.unusable() or (report.when == "call" and item.stash.get(_IN_CALL, False)):
             return report  # a subtest's report: the gate judges the whole test, on its call report
         result = self._gate_report(item, call, report)
         if report.when == "call":

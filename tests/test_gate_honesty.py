@@ -383,16 +383,20 @@ def test_a_marker_added_while_the_test_runs_applies_to_its_gate(pytester, monkey
     result.stdout.fnmatch_lines(["REGRESSED test_x.py::test_x: MatMul +5.0% (limit 1.0%)*"])
 
 
+#: A test of two subtests, each profiling a MatMul: SLOW scales its time, FAIL fails each subtest.
+SUBTESTS = (
+    "import os\n\n"
+    "def mm(npu, n):\n    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))\n\n"
+    "def test_sub(oam_profile, subtests):\n"
+    "    for n in (256, 512):\n"
+    "        with subtests.test(n=n):\n"
+    "            oam_profile.run(mm, n, op_time_scale={'MatMul': float(os.environ.get('SLOW', '1'))})\n"
+    "            assert not os.environ.get('FAIL')\n")
+
+
 @pytest.mark.parametrize("xdist", [None, "2"], ids=["no-xdist", "xdist-n2"])
 def test_a_test_with_a_failed_subtest_is_not_saved(pytester, monkeypatch, xdist) -> None:
-    pytester.makepyfile(test_sub=(
-        "import os\n\n"
-        "def mm(npu, n):\n    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))\n\n"
-        "def test_sub(oam_profile, subtests):\n"
-        "    for n in (256, 512):\n"
-        "        with subtests.test(n=n):\n"
-        "            oam_profile.run(mm, n, op_time_scale={'MatMul': float(os.environ.get('SLOW', '1'))})\n"
-        "            assert not os.environ.get('FAIL')\n"))
+    pytester.makepyfile(test_sub=SUBTESTS)
     args = ["-n", xdist] if xdist else []
     pytester.runpytest_subprocess(*args, "--oam-save-baseline")
     before = baselines(pytester)
@@ -451,13 +455,7 @@ def test_subtests_are_not_gated_one_by_one(pytester, monkeypatch, xdist) -> None
     # pytest's subtests make each subtest's call report with pytest_runtest_makereport while the
     # test runs: the gate judged the runs made so far, so under --oam-strict the first subtest
     # failed with missing-ops against the whole test's baseline, and a regression failed twice
-    pytester.makepyfile(test_sub=(
-        "import os\n\n"
-        "def mm(npu, n):\n    npu.matmul(npu.tensor((n, n)), npu.tensor((n, n)))\n\n"
-        "def test_sub(oam_profile, subtests):\n"
-        "    for n in (256, 512):\n"
-        "        with subtests.test(n=n):\n"
-        "            oam_profile.run(mm, n, op_time_scale={'MatMul': float(os.environ.get('SLOW', '1'))})\n"))
+    pytester.makepyfile(test_sub=SUBTESTS)
     args = ["-n", xdist] if xdist else []
     pytester.runpytest_subprocess(*args, "--oam-baseline", "--oam-save-baseline", "--oam-strict")
     assert len(baselines(pytester)) == 1  # before the fix: "baseline not written: a subtest failed"

@@ -84,8 +84,7 @@ def csv_rows(path: Path, text: str, kind: str) -> tuple[list[str], list[tuple[in
         header = [h.strip() for h in (reader.fieldnames or [])]
     except csv.Error as exc:
         raise ImportError_(f"{path}: line 1: not a valid CSV header ({exc}); expected {kind}") from None
-    first = text.lstrip()[:1]
-    if first in ("{", "["):  # a JSON trace (Kineto, trace_view.json) or another JSON file
+    if re.match(r"\s*[\[{]", text):  # a JSON trace (Kineto, trace_view.json) or another JSON file
         raise ImportError_(f"{path}: holds JSON, not CSV: not {kind}")
     if not any(header):  # a blank first line
         raise ImportError_(f"{path}: line 1: no column names: not {kind}")
